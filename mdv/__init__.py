@@ -1,0 +1,8 @@
+"""mdv: speculative decoding verification -- verifiers behind one interface, an exact oracle, real
+models and experiments.  See README.md for the audit API."""
+__version__ = "0.1.0"
+
+from mdv import models, oracle, verify  # noqa: E402
+from mdv.verify.registry import VERIFIERS, get_verifier  # noqa: E402
+
+__all__ = ["VERIFIERS", "get_verifier", "models", "oracle", "verify", "__version__"]

@@ -1,0 +1,13 @@
+"""The exact oracle: output laws by enumeration, exact LPs, expected accepted lengths.
+
+    exact_law(method, target, draft, K, L, n_tokens, prompt=())     law of the first n_tokens generated
+    iteration_law(method, target, draft, K, L, prompt=())          law of one iteration's emitted tokens
+    expected_accepted(method, target, draft, K, L, prompt=())      exact E[tau] of one iteration
+    lp_optimum(target, draft, K, L, kind, prompt=())               kind "valid" | "greedy"
+"""
+from mdv.oracle.enumerate import (enumerate_block, exact_law, expected_accepted, iteration_law, target_law,
+                                  total_variation)
+from mdv.oracle.toy import iid_toy_model, random_toy_model
+
+__all__ = ["enumerate_block", "exact_law", "expected_accepted", "iteration_law", "target_law", "total_variation",
+           "iid_toy_model", "random_toy_model"]

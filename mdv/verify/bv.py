@@ -1,0 +1,93 @@
+"""Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh; ICLR 2025),
+algorithms.md §4.
+
+Weights ``w_0 = 1``, ``w_i = min{1, w_{i-1} p(D_i|c,D_<i) / q(D_i|c,D_<i)}``; for i < L
+``h_i = A_i / (A_i + 1 - w_i)`` with ``A_i = sum_x (w_i p(x|c,D_<=i) - q(x|c,D_<=i))_+`` and
+``h_L = w_L``.  tau is the **last** i with ``eta_i < h_i`` (a rejection does not stop the scan); the
+extra token is drawn from ``norm((w_tau p(.|c,D_<=tau) - q(.|c,D_<=tau))_+)``, or from
+``p(.|c,D)`` when tau = L.  BV is per-iteration valid and maximises E[tau] among such verifiers:
+``E[tau] = sum_i E[w_i]`` = the valid LP at K = 1.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, normalize_or
+from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.sd import token_probs
+
+
+class BlockVerification(Verifier):
+    """``bv``: block verification of a single draft."""
+
+    name: ClassVar[str] = "bv"
+    lossless: ClassVar[bool] = True
+    multi_draft: ClassVar[bool] = False
+
+    @staticmethod
+    def weights(block: Block) -> Tensor:
+        """``w_0..w_L`` along draft 0, computed in log space (long blocks underflow).  -> [B, L+1]"""
+        tok = block.tokens[:, 0]
+        log_ratio = token_probs(block.p[:, 0, :-1], tok).log() - token_probs(block.q[:, 0], tok).log()  # [B, L]
+        log_w = [torch.zeros_like(log_ratio[:, 0])]
+        for i in range(block.L):
+            log_w.append((log_w[-1] + log_ratio[:, i]).clamp_max(0.0))
+        return torch.stack(log_w, -1).exp()
+
+    @classmethod
+    def h_and_dists(cls, block: Block) -> tuple[Tensor, Tensor]:
+        """Acceptance probabilities h_1..h_L [B, L] and extra-token laws after tau = 0..L [B, L+1, V]."""
+        w = cls.weights(block)  # [B, L+1]
+        p, q = block.p[:, 0], block.q[:, 0]  # [B, L+1, V], [B, L, V]
+        scaled = w[:, :-1, None] * p[:, :-1] - q  # [B, L, V]: w_i p_i - q_i for i = 0..L-1
+        A = scaled.clamp_min(0.0).sum(-1)  # [B, L]
+        den = A[:, 1:] + 1.0 - w[:, 1:-1]  # i = 1..L-1
+        h_mid = torch.where(den <= TOL, torch.ones_like(den), A[:, 1:] / torch.where(den <= TOL, torch.ones_like(den), den))
+        h = torch.cat([h_mid.clamp(0.0, 1.0), w[:, -1:]], -1)  # [B, L]
+        dists = torch.cat([normalize_or(scaled, p[:, :-1]), p[:, -1:]], 1)
+        return h, dists
+
+    def law(self, block: Block, state: Any = None) -> list[Branch]:
+        h, dists = self.h_and_dists(block)
+        prob = last_accepted_law(h)  # [B, L+1]
+        zeros = torch.zeros(block.B, dtype=torch.long, device=h.device)
+        return [Branch(prob[:, i], zeros, zeros + i, dists[:, i]) for i in range(block.L + 1)]
+
+    def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        h, dists = self.h_and_dists(block)
+        tau = last_accepted(h, uniforms.coins[:, 0])
+        rows = torch.arange(block.B, device=h.device)
+        token = categorical(dists[rows, tau], uniforms.draws[rows, tau])
+        return Outcome(tau, torch.zeros_like(tau), token)
+
+    def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        taus, tokens = [], []
+        L = block.L
+        for b in range(block.B):
+            D, p, q = block.tokens[b, 0], block.p[b, 0], block.q[b, 0]
+            w = [1.0]
+            for i in range(1, L + 1):
+                x = int(D[i - 1])
+                w.append(min(1.0, w[-1] * float(p[i - 1, x]) / float(q[i - 1, x])))
+            h = [1.0]
+            for i in range(1, L):
+                A = float(torch.clamp(w[i] * p[i] - q[i], min=0.0).sum())
+                den = A + 1.0 - w[i]
+                h.append(1.0 if den <= 1e-12 else min(1.0, A / den))
+            h.append(w[L])
+            tau = 0
+            for i in range(1, L + 1):  # the last accepted index wins
+                if float(uniforms.coins[b, 0, i - 1]) < h[i]:
+                    tau = i
+            if tau == L:
+                dist = p[L]
+            else:
+                res = torch.clamp(w[tau] * p[tau] - q[tau], min=0.0)
+                dist = res / res.sum() if float(res.sum()) > 1e-12 else p[tau]
+            tokens.append(int(categorical(dist, uniforms.draws[b, tau])))
+            taus.append(tau)
+        tau_t = torch.tensor(taus, dtype=torch.long)
+        return Outcome(tau_t, torch.zeros_like(tau_t), torch.tensor(tokens, dtype=torch.long))

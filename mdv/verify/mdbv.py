@@ -1,0 +1,229 @@
+"""mdv's exact multi-draft block verifier, ``mdbv``: sequential block coupling (algorithms.md §6.5,
+proposal 3).
+
+Keep the current law T of the target block, starting from the (effective) target T_0 = p.  For each
+i.i.d. draft k = 1..K in order, couple D_k with T by single-draft GBV (§5):
+
+* h along D_k is the GBV rule with joints taken under T_{k-1} (conditionals of the residual chain);
+* if D_k's full block is accepted, stop: the bonus token comes from p(.|c, D_k) and no adjustment is
+  left;
+* otherwise D_k exits at u_k = D_k,<=tau_k, and T is replaced by its residual chain anchored there:
+  ``T_k(x|v) ∝ (T_{k-1}(v·x) - Q(v·x))_+`` for v ⪰ u_k (a point mass towards u_k before it).
+
+The accepted prefix is the longest exit point (all exits are prefixes of one another); the extra
+token is drawn from ``T_K(.|acc)``; the next iterations inherit the chain as a target adjustment
+(:mod:`mdv.verify.adjust`).  Each coupling step preserves "Z ~ T", so the generated text is exactly
+target-distributed; at K = 1 this is GBV.  Cost O(K²·L·V) per iteration.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from mdv.verify._math import categorical, last_accepted, last_accepted_law, normalize_or, safe_ratio
+from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows, residual_chain_step
+from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.gbv import greedy_block_h, log_joints
+from mdv.verify.sd import token_probs
+
+# A level of the in-iteration chain: (draft index j whose exit anchors it, exit depth per instance [B]).
+Level = tuple[int, Tensor]
+
+
+def chain_along(block: Block, p_eff: Tensor, row: Tensor, levels: list[Level]) -> tuple[Tensor, Tensor, Tensor]:
+    """The top level of the residual chain along one draft row per instance.
+
+    row: [B] the row (draft index) walked in each instance; levels: anchors of the levels, oldest first.
+    Returns (cond [B, L, V]: T_m(.|row prefix of length i) for i = 0..L-1,
+             log_t [B, L+1]: log T_m(row prefix of length i), log_q [B, L+1]: log Q(row prefix)).
+    """
+    B, L, V = block.B, block.L, block.V
+    ar = torch.arange(B, device=p_eff.device)
+    toks = block.tokens[ar, row]  # [B, L]
+    p_row, q_row = p_eff[ar, row], block.q[ar, row]  # [B, L+1, V], [B, L, V]
+    if not levels:
+        return p_row[:, :L], log_joints(toks, p_row), log_joints(toks, q_row)
+    m = len(levels)
+    log_t = [torch.zeros(B, dtype=p_eff.dtype, device=p_eff.device) for _ in range(m + 1)]  # log T_0..T_m
+    log_q = torch.zeros(B, dtype=p_eff.dtype, device=p_eff.device)
+    conds_top, log_top, log_qs = [], [log_t[m].clone()], [log_q.clone()]
+    for i in range(L):
+        conds = [p_row[:, i]]
+        for j, (draft_j, depth) in enumerate(levels, start=1):
+            transformed = residual_chain_step(conds[-1], q_row[:, i], [log_t[j - 1]], log_q)[-1]
+            anchor = torch.nn.functional.one_hot(block.tokens[ar, draft_j, i], V).to(p_eff.dtype)
+            conds.append(torch.where((i >= depth).unsqueeze(-1), transformed, anchor))
+        tok = toks[:, i].unsqueeze(-1)
+        for j in range(m + 1):
+            log_t[j] = log_t[j] + conds[j].gather(-1, tok).squeeze(-1).log()
+        log_q = log_q + q_row[:, i].gather(-1, tok).squeeze(-1).log()
+        conds_top.append(conds[m])
+        log_top.append(log_t[m].clone())
+        log_qs.append(log_q.clone())
+    return torch.stack(conds_top, 1), torch.stack(log_top, 1), torch.stack(log_qs, 1)
+
+
+def draft_h(block: Block, p_eff: Tensor, k: int, levels: list[Level]) -> Tensor:
+    """GBV acceptance probabilities of draft k against the current chain T.  -> [B, L]"""
+    row = torch.full((block.B,), k, dtype=torch.long, device=p_eff.device)
+    cond, log_t, log_q = chain_along(block, p_eff, row, levels)
+    return greedy_block_h(log_t, log_q, cond, block.q[:, k])
+
+
+def extra_token_law(block: Block, p_eff: Tensor, sel: Tensor, tau: Tensor, levels: list[Level]) -> Tensor:
+    """Law of the correction token T_top(.|acc) (tau < L) or of the bonus p(.|c, D_sel) (tau = L).  -> [B, V]"""
+    ar = torch.arange(block.B, device=p_eff.device)
+    cond, _, _ = chain_along(block, p_eff, sel, levels)  # [B, L, V]
+    correction = cond[ar, tau.clamp_max(block.L - 1)]
+    bonus = p_eff[ar, sel, block.L]
+    return torch.where((tau == block.L).unsqueeze(-1), bonus, correction)
+
+
+class MultiDraftBlockVerification(Verifier):
+    """``mdbv``: exact multi-draft greedy block verification by sequential block coupling."""
+
+    name: ClassVar[str] = "mdbv"
+    lossless: ClassVar[bool] = True
+    multi_draft: ClassVar[bool] = True
+    stateful: ClassVar[bool] = True
+
+    # ------------------------------------------------------------------ state
+    def initial_state(self) -> AdjustedTarget:
+        return AdjustedTarget()
+
+    def effective_target(self, block: Block, state: Any) -> Tensor:
+        return apply_windows(state, block.tokens, block.p, block.q)
+
+    def state_key(self, state: Any) -> Any:
+        return state.key() if state is not None else ()
+
+    def advance(self, state: Any, block: Block, outcome: Outcome) -> Any:
+        tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
+        path = outcome.emitted(block, 0)
+        anchors = None
+        if tau < block.L:
+            if outcome.exits is None:
+                raise ValueError("mdbv outcomes carry the exit point of every scanned draft")
+            anchors = [tuple(int(x) for x in block.tokens[0, j, :e]) for j, e in enumerate(outcome.exits[0].tolist())
+                       if e >= 0]
+        return advance_state(state, path, block.p[0, sel, :tau + 1], block.q[0, sel], block.L, anchors)
+
+    # ------------------------------------------------------------------ the three views
+    def law(self, block: Block, state: Any = None) -> list[Branch]:
+        p_eff = self.effective_target(block, state)
+        B, K, L = block.B, block.K, block.L
+        device = p_eff.device
+        branches: list[Branch] = []
+
+        def recurse(k: int, exits: tuple[int, ...], prob: Tensor, levels: list[Level]) -> None:
+            if k == K or (exits and exits[-1] == L):
+                tau_val = max(exits)
+                sel_val = exits.index(tau_val)
+                tau = torch.full((B,), tau_val, dtype=torch.long, device=device)
+                sel = torch.full((B,), sel_val, dtype=torch.long, device=device)
+                dist = extra_token_law(block, p_eff, sel, tau, levels)
+                full = exits + (-1,) * (K - len(exits))
+                branches.append(Branch(prob, sel, tau, dist, full))
+                return
+            exit_law = last_accepted_law(draft_h(block, p_eff, k, levels))  # [B, L+1]
+            for e in range(L + 1):
+                pe = prob * exit_law[:, e]
+                if not (pe > 0).any():
+                    continue
+                depth = torch.full((B,), e, dtype=torch.long, device=device)
+                recurse(k + 1, exits + (e,), pe, levels if e == L else levels + [(k, depth)])
+
+        recurse(0, (), torch.ones(B, dtype=p_eff.dtype, device=device), [])
+        return branches
+
+    def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        p_eff = self.effective_target(block, state)
+        B, K, L = block.B, block.K, block.L
+        device = p_eff.device
+        exits = torch.full((B, K), -1, dtype=torch.long, device=device)
+        stopped = torch.zeros(B, dtype=torch.bool, device=device)
+        tau = torch.zeros(B, dtype=torch.long, device=device)
+        sel = torch.zeros(B, dtype=torch.long, device=device)
+        levels: list[Level] = []
+        for k in range(K):
+            e = last_accepted(draft_h(block, p_eff, k, levels), uniforms.coins[:, k])  # [B]
+            e = torch.where(stopped, torch.full_like(e, -1), e)
+            exits[:, k] = e
+            longer = e > tau  # strictly longer exits replace acc: ties keep the earlier draft
+            sel = torch.where(longer, torch.full_like(sel, k), sel)
+            tau = torch.where(longer, e, tau)
+            stopped = stopped | (e == L)
+            # For instances still scanning, every level is a genuine early exit (< L).  Stopped
+            # instances (a full block was accepted) get placeholder levels; their outcome is final
+            # and the bonus law ignores the chain.
+            levels = levels + [(k, torch.where(e < 0, torch.full_like(e, L), e))]
+        token = categorical(extra_token_law(block, p_eff, sel, tau, levels), uniforms.draws[torch.arange(B), tau])
+        return Outcome(tau, sel, token, exits)
+
+    def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        """Scalar transcription: explicit residual-chain conditionals per prefix, one instance at a time."""
+        p_all = self.effective_target(block, state)
+        K, L, V = block.K, block.L, block.V
+        taus, sels, tokens, all_exits = [], [], [], []
+        for b in range(block.B):
+            drafts = [tuple(int(x) for x in block.tokens[b, k]) for k in range(K)]
+            # conditionals of the target and draft along every draft prefix of this instance
+            p_at = {drafts[k][:i]: p_all[b, k, i] for k in range(K) for i in range(L + 1)}
+            q_at = {drafts[k][:i]: block.q[b, k, i] for k in range(K) for i in range(L)}
+            chain: list[tuple[int, ...]] = []  # exit anchors of the levels, oldest first
+
+            def cond(level: int, v: tuple[int, ...]) -> Tensor:
+                """T_level(.|v), v a prefix of some draft (|v| < L)."""
+                if level == 0:
+                    return p_at[v]
+                u = chain[level - 1]
+                if len(v) < len(u):
+                    return torch.nn.functional.one_hot(torch.tensor(u[len(v)]), V).to(torch.float64)
+                below = cond(level - 1, v)
+                w = torch.clamp(joint(level - 1, v) * below - joint_q(v) * q_at[v], min=0.0)
+                return w / w.sum() if float(w.sum()) > 0 else below
+
+            def joint(level: int, v: tuple[int, ...]) -> float:
+                out = 1.0
+                for i in range(len(v)):
+                    out *= float(cond(level, v[:i])[v[i]])
+                return out
+
+            def joint_q(v: tuple[int, ...]) -> float:
+                out = 1.0
+                for i in range(len(v)):
+                    out *= float(q_at[v[:i]][v[i]])
+                return out
+
+            tau, sel, exits = 0, 0, [-1] * K
+            for k in range(K):
+                d, top = drafts[k], len(chain)
+                h = []
+                for i in range(1, L + 1):
+                    u = d[:i]
+                    T_u, Q_u = joint(top, u), joint_q(u)
+                    if i == L:
+                        h.append(min(1.0, T_u / Q_u))
+                        continue
+                    s = float(torch.minimum(T_u * cond(top, u), Q_u * q_at[u]).sum())
+                    num, den = min(T_u, Q_u) - s, Q_u - s
+                    h.append(1.0 if den <= 1e-12 * Q_u else 0.0 if num <= 1e-12 * Q_u else min(1.0, num / den))
+                e = 0
+                for i in range(1, L + 1):
+                    if float(uniforms.coins[b, k, i - 1]) < h[i - 1]:
+                        e = i
+                exits[k] = e
+                if e > tau:
+                    tau, sel = e, k
+                if e == L:
+                    break
+                chain.append(d[:e])
+            acc = drafts[sel][:tau]
+            dist = p_at[acc] if tau == L else cond(len(chain), acc)
+            tokens.append(int(categorical(dist, uniforms.draws[b, tau])))
+            taus.append(tau)
+            sels.append(sel)
+            all_exits.append(exits)
+        return Outcome(torch.tensor(taus), torch.tensor(sels), torch.tensor(tokens), torch.tensor(all_exits))
