@@ -43,22 +43,17 @@ def _probs(model: LanguageModel, prefixes: list[tuple[int, ...]], sampling: Samp
     return sampling.probs(model.next_logprobs(prefixes))
 
 
-def enumerate_block(target: LanguageModel, draft: LanguageModel, K: int, L: int, prompt: Sequence[int] = (),
-                    sampling: SamplingConfig | None = None) -> tuple[Block, Tensor]:
-    """Every tuple of K draft blocks after ``prompt``, with its probability.
+def block_table(target: LanguageModel, draft: LanguageModel, L: int, prompt: Sequence[int] = (),
+                sampling: SamplingConfig | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Every single draft block of length L after ``prompt`` with positive draft probability.
 
-    Returns (block, weights): block.tokens [B, K, L], block.q [B, K, L, V], block.p [B, K, L+1, V]
-    for the B tuples of positive draft probability, and weights [B] = prod_k Q(d_k).
+    Returns (tokens [N, L], q [N, L, V], p [N, L+1, V], log_q [N] = log Q(block)).
     """
     sampling = sampling or SamplingConfig()
     V = _check_models(target, draft)
-    _check_sizes(K, L)
+    _check_sizes(1, L)
     prompt = tuple(int(t) for t in prompt)
     blocks = list(itertools.product(range(V), repeat=L))
-    if len(blocks) ** K > MAX_TUPLES:
-        raise InvalidInputError(
-            f"exact enumeration needs V^(K·L) = {V}^{K * L} = {len(blocks) ** K} draft tuples, above the"
-            f" ceiling of {MAX_TUPLES}; use a smaller vocabulary, K or L")
     prefixes = sorted({prompt + blk[:i] for blk in blocks for i in range(L + 1)})
     index = {pre: n for n, pre in enumerate(prefixes)}
     p_all, q_all = _probs(target, prefixes, sampling), _probs(draft, prefixes, sampling)  # [P, V]
@@ -67,7 +62,23 @@ def enumerate_block(target: LanguageModel, draft: LanguageModel, K: int, L: int,
     q_blk, p_blk = q_all[rows[:, :L]], p_all[rows]  # [N, L, V], [N, L+1, V]
     log_q = q_blk.gather(-1, toks.unsqueeze(-1)).squeeze(-1).log().sum(-1)  # [N]
     keep = torch.isfinite(log_q)
-    toks, q_blk, p_blk, log_q = toks[keep], q_blk[keep], p_blk[keep], log_q[keep]
+    return toks[keep], q_blk[keep], p_blk[keep], log_q[keep]
+
+
+def enumerate_block(target: LanguageModel, draft: LanguageModel, K: int, L: int, prompt: Sequence[int] = (),
+                    sampling: SamplingConfig | None = None) -> tuple[Block, Tensor]:
+    """Every tuple of K draft blocks after ``prompt``, with its probability.
+
+    Returns (block, weights): block.tokens [B, K, L], block.q [B, K, L, V], block.p [B, K, L+1, V]
+    for the B tuples of positive draft probability, and weights [B] = prod_k Q(d_k).
+    """
+    _check_sizes(K, L)
+    n_blocks = target.vocab_size ** L
+    if n_blocks ** K > MAX_TUPLES:
+        raise InvalidInputError(
+            f"exact enumeration needs V^(K·L) = {target.vocab_size}^{K * L} = {n_blocks ** K} draft tuples,"
+            f" above the ceiling of {MAX_TUPLES}; use a smaller vocabulary, K or L")
+    toks, q_blk, p_blk, log_q = block_table(target, draft, L, prompt, sampling)
     N = toks.shape[0]
     idx = torch.cartesian_prod(*[torch.arange(N)] * K).reshape(-1, K)  # [B, K]
     weights = log_q[idx].sum(-1).exp()
