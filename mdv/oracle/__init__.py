@@ -7,7 +7,12 @@
 """
 from mdv.oracle.enumerate import (enumerate_block, exact_law, expected_accepted, iteration_law, target_law,
                                   total_variation)
+from mdv.oracle.lp import (LPSolveError, gbv_expected_accepted_formula, lp_greedy, lp_optimum, lp_valid,
+                           membership_ot, membership_ot_mincut, membership_ot_upper_bound,
+                           paper_claimed_expected_accepted, sd_expected_accepted_formula)
 from mdv.oracle.toy import iid_toy_model, random_toy_model
 
 __all__ = ["enumerate_block", "exact_law", "expected_accepted", "iteration_law", "target_law", "total_variation",
-           "iid_toy_model", "random_toy_model"]
+           "iid_toy_model", "random_toy_model", "LPSolveError", "gbv_expected_accepted_formula", "lp_greedy",
+           "lp_optimum", "lp_valid", "membership_ot", "membership_ot_mincut", "membership_ot_upper_bound",
+           "paper_claimed_expected_accepted", "sd_expected_accepted_formula"]

@@ -1,0 +1,307 @@
+"""SpecTr-GBV (Lin, Sheng, Cai, Zhou 2026) exactly as released: Algorithm 1 of the official code,
+algorithms.md §6.2-§6.3, §6.7.  There is no Algorithm 2 (target adjustment) in the released code, so
+this verifier is stateless and **not lossless** (§6.4).
+
+Notation (algorithms.md §1): p = target, q = draft; joints along draft k measured from the block start
+c, ``P(u) = prod_j p(u_j|c,u_<j)``, ``Q(u) = prod_j q(u_j|c,u_<j)``.  With (§6.3, "phi form")
+
+    r(v)   = min{Q(v)/P(v), 1}            (r = 1 when P(v) = 0)
+    phi(v) = P(v) [1 - (1 - r(v))^K]       (claimed acceptance mass of v)
+    A(v)   = 1 - (1 - Q(v))^K              (Pr(some draft starts with v))
+    S(u)   = sum_x phi(u.x)
+
+the acceptance probabilities are ``h(u) = (phi(u) - S(u)) / (A(u) - S(u))`` for |u| < L and
+``h_L(u) = phi(u) / A(u)``, and the residual after a partial acceptance u is the *coded* one,
+``residual(x|u) ∝ P(u.x) [1 - r(u.x)^K]`` (which differs from the mass-consistent ``(1 - r)^K`` for
+K >= 2, §6.3).
+
+Algorithm 1 (§6.2), per instance: ``tau = 0, acc = (), sel = 0, H = {}``; for k = 1..K in order, with
+``t0 = tau`` at the start of draft k's scan, for i = t0+1..L-1 and u = D_k,<=i: skip u if u ∈ H, else
+accept with a fresh coin (``tau = i, acc = u, sel = k``) or add u to H -- a rejection does not stop
+the scan; then test the full block D_k (never checked against H): on acceptance ``tau = L, sel = k``
+and no later draft is examined.  The extra token is the bonus ``p(.|c, D_sel)`` when tau = L, else a
+draw from the residual at u = acc (fallback ``p(.|c, acc)`` when its mass is 0, §6.7).
+
+**H as a prefix-sharing test** (used by :meth:`SpecTrGBV.sample` and :meth:`SpecTrGBV.law`).  For i > t0
+(the only lengths draft k tests), ``D_k,<=i ∈ H`` iff some earlier draft j < k has ``D_j,<=i =
+D_k,<=i``.  (=>) H only holds rejected sub-blocks of earlier drafts (draft k's own entries are shorter
+than i).  (<=) Draft j started its scan at ``t0_j <= t0 < i`` because tau never decreases, so it
+reached length i (i <= L-1): either u was already in H, or it was tested; an acceptance would have set
+tau >= i before draft k started (contradicting i > t0), so it was rejected and put into H (and a
+full-block acceptance of draft j would have ended the scan before draft k).  Hence draft k tests exactly
+the lengths ``max(t0, s_k) < i <= L-1``, where ``s_k`` is the longest common prefix of D_k with any
+earlier draft -- a contiguous range -- plus the full block.
+
+Coins: draft k's sub-block of length i uses ``uniforms.coins[b, k, i-1]`` (the full block
+``coins[b, k, L-1]``), accepting iff ``coin < h``; the extra token uses ``uniforms.draws[b, tau]``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from mdv.verify._math import TOL, categorical, normalize_or
+from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.sd import token_probs
+
+# Below this log-value, 1 - (1 - x)^K is replaced by its first-order value K x (relative error ~K x,
+# i.e. < 1e-190): avoids the underflow of x itself for very long or very unlikely blocks.
+_LOG_SMALL = -440.0
+
+
+def _log_one_minus_pow_comp(log_x: Tensor, K: int) -> Tensor:
+    """``log(1 - (1 - x)^K)`` from ``log x`` (x in [0, 1]), computed as ``log(-expm1(K log1p(-x)))``
+    (algorithms.md §12.11), switching to ``log K + log x`` for tiny x.  -inf when x = 0."""
+    out = log_x.exp().neg_().log1p_().mul_(K).expm1_().neg_().log_()
+    tiny = log_x < _LOG_SMALL
+    return torch.where(tiny, math.log(K) + log_x, out) if bool(tiny.any()) else out
+
+
+def _log_r(log_P: Tensor, log_Q: Tensor) -> Tensor:
+    """``log r = log min{Q/P, 1}`` with r = 1 where P = 0 (algorithms.md §6.3, §12.12)."""
+    p_zero = torch.isneginf(log_P)
+    diff = torch.where(p_zero, torch.zeros_like(log_P), log_Q - torch.where(p_zero, torch.zeros_like(log_P), log_P))
+    return torch.where(p_zero, torch.zeros_like(diff), diff.clamp_max(0.0))
+
+
+def _log_phi(log_P: Tensor, log_Q: Tensor, K: int) -> Tensor:
+    """``log phi_K(v) = log P(v) + log(1 - (1 - r(v))^K)``; -inf where P(v) = 0."""
+    lr = _log_r(log_P, log_Q)
+    return torch.where(torch.isneginf(log_P), log_P, log_P + _log_one_minus_pow_comp(lr, K))
+
+
+def _h_from_scaled(num: Tensor, den: Tensor) -> Tensor:
+    """h = num / den with num, den already divided by A_K(u) (scale-free), guarded as in
+    algorithms.md §6.3/§12.11: numerically zero numerator -> 0 (this takes precedence, like the code's
+    0/(0 + 1e-20) = 0; cf. T = 0 in §6.7), denominator <= TOL -> 1, then clamp to [0, 1]."""
+    small_den = den <= TOL
+    h = num / torch.where(small_den, torch.ones_like(den), den)
+    h = torch.where(small_den, torch.ones_like(h), h)
+    h = torch.where(num <= TOL, torch.zeros_like(h), h)
+    return h.clamp(0.0, 1.0)
+
+
+def longest_shared_prefix(tokens: Tensor) -> Tensor:
+    """``s[b, k] = max_{j<k} lcp(D_j, D_k)`` (0 for k = 0): sub-blocks of draft k of length <= s_k are
+    exactly those an earlier draft shares (the H test of Algorithm 1, see the module docstring).
+
+    tokens: [B, K, L] -> [B, K] int64 in 0..L.
+    """
+    B, K, L = tokens.shape
+    s = torch.zeros(B, K, dtype=torch.long, device=tokens.device)
+    for k in range(1, K):
+        eq = tokens[:, :k] == tokens[:, k:k + 1]  # [B, k, L]
+        lcp = eq.long().cumprod(-1).sum(-1)  # [B, k]
+        s[:, k] = lcp.amax(-1)
+    return s
+
+
+class SpecTrGBV(Verifier):
+    """``spectr_gbv``: SpecTr-GBV's Algorithm 1 as implemented in the official code (§6.2), stateless.
+
+    Not lossless (``lossless = False``), as measured by exact enumeration (algorithms.md §6.4,
+    ``tests/test_spectr_gbv.py``): on the context-free toy target (.5, .5), draft (.25, .75), L = 2 the
+    total variation between the law of the first 3 generated tokens and the target is 0.0625 / 0.0731
+    / 0.0951 for K = 1 / 2 / 3, and at K >= 2 the accepted prefix (1, 1) has probability 0.2628 (K=2),
+    0.2995 (K=3) > 0.25 = its target probability, which no later adjustment could repair.  At K = 1 the
+    per-iteration law is GBV's (§5) without its target adjustment.
+    """
+
+    name: ClassVar[str] = "spectr_gbv"
+    lossless: ClassVar[bool] = False
+    multi_draft: ClassVar[bool] = True
+
+    # ------------------------------------------------------------------ formulas (§6.3)
+    @staticmethod
+    def h_and_dists(block: Block) -> tuple[Tensor, Tensor]:
+        """Acceptance probabilities and extra-token laws along every draft.
+
+        Returns
+          h:     [B, K, L] -- ``h[b, k, i-1]`` = h(D_k,<=i) for i = 1..L-1 and ``h[b, k, L-1]`` = h_L(D_k).
+          dists: [B, K, L+1, V] -- ``dists[b, k, i]`` = law of the extra token after accepting D_k,<=i:
+                 the coded residual ``norm(P(u.x)[1 - r(u.x)^K])`` for i < L (fallback p(.|c,u)), the bonus
+                 ``p(.|c, D_k)`` for i = L.
+        """
+        K, L = block.K, block.L
+        tok = block.tokens.long()
+        p, q = block.p, block.q  # [B, K, L+1, V], [B, K, L, V]
+        zeros = torch.zeros_like(p[:, :, 0, 0])[..., None]  # [B, K, 1]
+        log_P = torch.cat([zeros, token_probs(p[:, :, :-1], tok).log().cumsum(-1)], -1)  # [B, K, L+1]
+        log_Q = torch.cat([zeros, token_probs(q, tok).log().cumsum(-1)], -1)  # [B, K, L+1]; finite (q > 0 on drafts)
+        log_phi_u = _log_phi(log_P, log_Q, K)  # [B, K, L+1]
+        log_A_u = _log_one_minus_pow_comp(log_Q, K)  # [B, K, L+1]; finite since Q(u) > 0
+
+        # children u.x of every node u = D_k,<=i, i = 0..L-1.  Each full-size tensor is [B, K, L, V]; they are
+        # updated in place (the engine runs this at V ~ 5e4).
+        # log r(u.x) = min{log Q(u) - log P(u) + log q(x|u) - log p(x|u), 0}, and r = 1 where P(u.x) = 0
+        p_u = p[:, :, :-1]
+        log_p = p_u.log()
+        lr = q.log().sub_(log_p).add_((log_Q - log_P)[..., :-1, None]).clamp_max_(0.0)
+        lr.masked_fill_((p_u == 0) | torch.isneginf(log_P[..., :-1, None]), 0.0)  # also clears the NaN of -inf+inf
+        # phi(u.x) / A(u) = exp(log P(u) - log A(u) + log p(x|u) + log(1 - (1 - r)^K)), scale-free
+        phi_c = _log_one_minus_pow_comp(lr, K).add_(log_p).add_((log_P - log_A_u)[..., :-1, None]).exp_()
+        S = phi_c[:, :, 1:].sum(-1)  # [B, K, L-1]: S(u)/A(u) for |u| = 1..L-1
+        phi = (log_phi_u[:, :, 1:L] - log_A_u[:, :, 1:L]).exp()  # [B, K, L-1]: phi(u)/A(u)
+        h_mid = _h_from_scaled(phi - S, 1.0 - S)
+        h_full = (log_phi_u[:, :, L] - log_A_u[:, :, L]).exp().clamp(0.0, 1.0)  # [B, K]
+        h = torch.cat([h_mid, h_full[..., None]], -1)  # [B, K, L]
+
+        # coded residual P(u.x)[1 - r(u.x)^K] relative to P(u): p(x|c,u)[1 - r^K] (total <= 1, compared
+        # with TOL: numerically zero -> fallback p(.|c,u), §6.7); zero where P(u.x) = 0 (r = 1)
+        res = normalize_or(lr.mul_(K).expm1_().neg_().mul_(p_u), p_u)  # [B, K, L, V] (lr is consumed)
+        dists = torch.cat([res, p[:, :, -1:]], 2)  # [B, K, L+1, V]
+        return h, dists
+
+    # ------------------------------------------------------------------ exact law
+    def law(self, block: Block, state: Any = None) -> list[Branch]:
+        """Exact outcome law by a dynamic program over the drafts.
+
+        State before draft k: the mass ``m[b, t, j]`` of (tau = t < L, sel = j) and the masses ``F[b, j]``
+        of a full acceptance at draft j (terminal).  Draft k tests the lengths ``a < i <= L-1`` with
+        ``a = max(t, s_k)`` (module docstring) and then the full block; as in BV (§4), its scan ends at
+        tau = L w.p. h_L, otherwise at the last accepted tested length i w.p.
+        ``(1 - h_L) h_i prod_{a<j<=L-1, j>i} (1 - h_j)`` (tau and sel unchanged if none is accepted).
+        Branches: (tau=0, sel=0), (tau=i, sel=k) for i = 1..L, k = 0..K-1.
+        """
+        B, K, L = block.B, block.K, block.L
+        h, dists = self.h_and_dists(block)
+        s = longest_shared_prefix(block.tokens).clamp_max(L - 1)  # [B, K]
+        m = torch.zeros(B, L, K, dtype=h.dtype, device=h.device)  # tau = 0..L-1, sel
+        m[:, 0, 0] = 1.0
+        F = torch.zeros(B, K, dtype=h.dtype, device=h.device)
+        lengths = torch.arange(L, device=h.device)  # index i = 0..L-1 (i = 0 never an exit)
+        for k in range(K):
+            g = torch.cat([torch.zeros_like(h[:, k, :1]), h[:, k, :L - 1]], -1)  # [B, L]: g_i = h_i, g_0 = 0
+            h_full = h[:, k, L - 1]  # [B]
+            one = torch.ones_like(g[:, :1])
+            # suffix[a] = prod_{j=a+1}^{L-1} (1 - g_j), a = 0..L-1
+            suffix = torch.cat([torch.flip(torch.cumprod(torch.flip(1.0 - g[:, 1:], [-1]), -1), [-1]), one], -1)
+            exit_at = g * suffix  # [B, L]: Pr(last accepted tested length = i) if i is tested
+            F[:, k] = h_full * m.sum((1, 2))
+            new = torch.zeros_like(m)
+            for t in range(L):
+                a = s[:, k].clamp_min(t)  # [B]
+                mt = m[:, t, :]  # [B, K]
+                new[:, t, :] += mt * suffix.gather(1, a[:, None])  # nothing accepted
+                tested = lengths[None, :] > a[:, None]  # [B, L]
+                new[:, :, k] += mt.sum(-1, keepdim=True) * torch.where(tested, exit_at, torch.zeros_like(exit_at))
+            m = (1.0 - h_full)[:, None, None] * new
+        zeros = torch.zeros(B, dtype=torch.long, device=h.device)
+        branches = [Branch(m[:, 0, 0], zeros, zeros, dists[:, 0, 0])]
+        for k in range(K):
+            for i in range(1, L + 1):
+                prob = F[:, k] if i == L else m[:, i, k]
+                branches.append(Branch(prob, zeros + k, zeros + i, dists[:, k, i]))
+        return branches
+
+    # ------------------------------------------------------------------ fast sampler
+    def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        """Vectorised over B: :meth:`h_and_dists`, then :meth:`scan`."""
+        h, dists = self.h_and_dists(block)
+        return self.scan(h, dists, longest_shared_prefix(block.tokens), uniforms)
+
+    @staticmethod
+    def scan(h: Tensor, dists: Tensor, shared: Tensor, uniforms: Uniforms) -> Outcome:
+        """Algorithm 1's scan over drafts (python loops over k and i, vectorised over B), with the H test
+        replaced by the prefix-sharing test ``i <= shared[b, k]`` (module docstring), then the extra token.
+
+        h: [B, K, L] and dists: [B, K, L+1, V] from :meth:`h_and_dists`; shared: [B, K] from
+        :func:`longest_shared_prefix`; uniforms.coins [B, K, L], uniforms.draws [B, L+1].
+        """
+        B, K, L = h.shape
+        coins = uniforms.coins
+        tau = torch.zeros(B, dtype=torch.long, device=h.device)
+        sel = torch.zeros_like(tau)
+        done = torch.zeros(B, dtype=torch.bool, device=h.device)
+        for k in range(K):
+            start = torch.maximum(tau, shared[:, k])  # draft k tests the lengths start < i <= L-1
+            for i in range(1, L):
+                acc = ~done & (i > start) & (coins[:, k, i - 1] < h[:, k, i - 1])
+                tau = torch.where(acc, i, tau)
+                sel = torch.where(acc, k, sel)
+            full = ~done & (coins[:, k, L - 1] < h[:, k, L - 1])  # the full block is never checked against H
+            tau = torch.where(full, L, tau)
+            sel = torch.where(full, k, sel)
+            done = done | full
+        rows = torch.arange(B, device=h.device)
+        token = categorical(dists[rows, sel, tau], uniforms.draws[rows, tau])  # tau = 0 => sel = 0 (root)
+        return Outcome(tau, sel, token)
+
+    # ------------------------------------------------------------------ scalar transcription
+    def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        """Literal transcription of §6.2 with an explicit set H of token tuples; h from §6.3 in plain
+        float64 products, one instance at a time."""
+        K, L = block.K, block.L
+        taus, sels, tokens = [], [], []
+        for b in range(block.B):
+            D = [tuple(int(x) for x in block.tokens[b, k].tolist()) for k in range(K)]
+            p = block.p[b].tolist()  # [K][L+1][V]
+            q = block.q[b].tolist()  # [K][L][V]
+
+            def joints(k: int, i: int) -> tuple[float, float]:
+                Pu, Qu = 1.0, 1.0
+                for j in range(i):
+                    Pu *= p[k][j][D[k][j]]
+                    Qu *= q[k][j][D[k][j]]
+                return Pu, Qu
+
+            def r_of(Pv: float, Qv: float) -> float:
+                return 1.0 if Pv == 0.0 else min(Qv / Pv, 1.0)
+
+            def phi(Pv: float, Qv: float) -> float:
+                r = r_of(Pv, Qv)
+                return Pv * -math.expm1(K * math.log1p(-r)) if r < 1.0 else Pv
+
+            def A(Qv: float) -> float:
+                return -math.expm1(K * math.log1p(-Qv)) if Qv < 1.0 else 1.0
+
+            def h_sub(k: int, i: int) -> float:
+                Pu, Qu = joints(k, i)
+                S = sum(phi(Pu * p[k][i][x], Qu * q[k][i][x]) for x in range(block.V))
+                a = A(Qu)
+                num, den = (phi(Pu, Qu) - S) / a, (a - S) / a
+                if num <= TOL:
+                    return 0.0
+                if den <= TOL:
+                    return 1.0
+                return min(max(num / den, 0.0), 1.0)
+
+            def h_full(k: int) -> float:
+                Pu, Qu = joints(k, L)
+                return min(max(phi(Pu, Qu) / A(Qu), 0.0), 1.0)
+
+            tau, acc, sel = 0, (), 0
+            H: set[tuple[int, ...]] = set()
+            for k in range(K):
+                t0 = tau
+                for i in range(t0 + 1, L):
+                    u = D[k][:i]
+                    if u in H:
+                        continue  # the code draws and discards a uniform here: no effect on the law
+                    if float(uniforms.coins[b, k, i - 1]) < h_sub(k, i):
+                        tau, acc, sel = i, u, k
+                    else:
+                        H.add(u)
+                if float(uniforms.coins[b, k, L - 1]) < h_full(k):
+                    tau, acc, sel = L, D[k], k
+                    break
+            assert acc == D[sel][:tau]
+            if tau == L:
+                dist = torch.tensor(p[sel][L], dtype=torch.float64)
+            else:
+                Pu, Qu = joints(sel, tau)
+                w = []
+                for x in range(block.V):
+                    Pv, Qv = Pu * p[sel][tau][x], Qu * q[sel][tau][x]
+                    w.append(Pv * (1.0 - r_of(Pv, Qv) ** K))
+                mass = sum(w)
+                dist = (torch.tensor(w, dtype=torch.float64) / mass if Pu > 0.0 and mass / Pu > TOL
+                        else torch.tensor(p[sel][tau], dtype=torch.float64))
+            tokens.append(int(categorical(dist, uniforms.draws[b, tau])))
+            taus.append(tau)
+            sels.append(sel)
+        return Outcome(torch.tensor(taus, dtype=torch.long), torch.tensor(sels, dtype=torch.long),
+                       torch.tensor(tokens, dtype=torch.long))
