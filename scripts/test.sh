@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up what the tests need (./.venv, offline) and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+exec .venv/bin/python -m pytest -q "$@"
