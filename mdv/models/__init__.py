@@ -1,6 +1,9 @@
 """Language models behind one protocol, and the sampling transforms shared by target and draft."""
 from mdv.models.base import LanguageModel
 from mdv.models.callable import CallableLM
+from mdv.models.hf import HFModel
 from mdv.models.sampling import SamplingConfig, apply_sampling
+from mdv.models.session import DecodeSession, PrefixSession, open_session
 
-__all__ = ["LanguageModel", "CallableLM", "SamplingConfig", "apply_sampling"]
+__all__ = ["LanguageModel", "CallableLM", "HFModel", "SamplingConfig", "apply_sampling", "DecodeSession",
+           "PrefixSession", "open_session"]

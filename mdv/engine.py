@@ -1,0 +1,331 @@
+"""The speculative decoding loop and the autoregressive baseline (design.md, "One picture").
+
+One iteration of :func:`generate` with a verifier:
+
+1. **Draft.** The draft session processes its pending tokens (committed but not yet in its cache) in
+   one row, then forks into K rows; L sequential steps sample K i.i.d. blocks ``tokens [K, L]``.
+   Each token is drawn from exactly the float64 vector recorded in ``q [K, L, V]``
+   (:meth:`SamplingConfig.probs`, algorithms.md §12.2).
+2. **Target.** The target session forks into K rows and scores ``[pending, D_k]`` for all k in ONE
+   batched forward pass; ``p [K, L+1, V]`` are the laws before each draft token plus the bonus
+   position, under the same sampling transform.
+3. **Verify.** ``verifier.step(Block(tokens[None], q[None], p[None]), generator)`` returns tau, the
+   selected draft and the correction/bonus token; greedy verifiers keep their target adjustment in
+   their own state across iterations (reset per sequence).
+4. **Commit and roll back.** Emit ``D_sel[:tau] + [token]``; both caches keep row ``sel`` and are
+   cropped to the kept prefix.  The correction/bonus token (and, after a full acceptance, the last
+   draft token for the draft model) is *not* in the caches yet: it is pending and processed on the
+   next pass (algorithms.md §12.6).
+
+Invariant between iterations: each cache holds a prefix of the committed sequence and at least its
+last token is pending.  The prompt minus its last token is prefilled; the last prompt token is fed
+with the first pass.  ``method="ar"`` is plain sampling from the target with the same transform, one
+target call per token.  Everything runs under ``torch.inference_mode()`` with one seeded
+``torch.Generator``: the same inputs and seed give the same tokens.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from mdv.errors import InvalidInputError, unknown_name
+from mdv.metrics import GenerationStats, Stopwatch
+from mdv.models.base import LanguageModel
+from mdv.models.sampling import SamplingConfig
+from mdv.models.session import DecodeSession, open_session
+from mdv.verify._math import categorical
+from mdv.verify.base import Block, Outcome, Verifier
+
+AR = "ar"
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """``tokens``: the generated ids (prompt excluded, at most ``max_new_tokens``, ending at EOS when
+    one was produced); ``stats``: see :class:`mdv.metrics.GenerationStats`."""
+
+    tokens: list[int]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one speculative iteration saw and did, for audits and tests (``generate(on_step=...)``).
+
+    context: the committed sequence (prompt + generated) before the iteration.
+    block:   the verifier's input (B = 1): tokens [1, K, L], q [1, K, L, V], p [1, K, L+1, V].
+    outcome: the verifier's decision; emitted: the tokens appended (before any max/EOS cut).
+    """
+
+    iteration: int
+    context: tuple[int, ...]
+    block: Block
+    outcome: Outcome
+    emitted: tuple[int, ...]
+
+
+def valid_methods() -> list[str]:
+    """``"ar"`` and every registered verifier name."""
+    from mdv.verify.registry import VERIFIERS
+
+    return [AR, *VERIFIERS]
+
+
+def _int_arg(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise InvalidInputError(f"{name} must be an integer >= {minimum}; got {value!r}")
+    return int(value)
+
+
+def _prompt_list(prompt_ids: Any, vocab_size: int) -> list[int]:
+    if isinstance(prompt_ids, Tensor) or type(prompt_ids).__module__ == "numpy":
+        arr = torch.as_tensor(prompt_ids)
+        if arr.dim() == 2 and arr.shape[0] == 1:
+            arr = arr[0]
+        if arr.dim() != 1 or arr.dtype.is_floating_point or arr.dtype == torch.bool:
+            raise InvalidInputError(
+                f"prompt_ids must be a 1-D sequence of integer token ids; got an array of shape"
+                f" {tuple(arr.shape)} and dtype {arr.dtype}")
+        ids = [int(t) for t in arr.tolist()]
+    elif isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+        raise InvalidInputError(
+            f"prompt_ids must be a sequence of token ids (encode text with the tokenizer first); got"
+            f" {type(prompt_ids).__name__}")
+    else:
+        ids = []
+        for t in prompt_ids:
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise InvalidInputError(f"prompt_ids must contain integer token ids; got {t!r}")
+            ids.append(int(t))
+    if not ids:
+        raise InvalidInputError("prompt_ids is empty: the models need at least one token to condition on"
+                                " (e.g. the tokenizer's BOS token)")
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or hi >= vocab_size:
+        raise InvalidInputError(
+            f"prompt_ids must lie in [0, vocab_size={vocab_size}); got values in [{lo}, {hi}]")
+    return ids
+
+
+def _eos_set(eos_token_id: Any, target: Any) -> frozenset[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(target, "eos_token_id", None)
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, Tensor):
+        eos_token_id = eos_token_id.flatten().tolist()
+    items = list(eos_token_id) if isinstance(eos_token_id, (Sequence, set, frozenset)) else [eos_token_id]
+    if isinstance(eos_token_id, str) or not all(
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in items):
+        raise InvalidInputError(
+            f"eos_token_id must be None (the target tokenizer's EOS), an id, or a list of ids ([] to never"
+            f" stop early); got {eos_token_id!r}")
+    return frozenset(int(t) for t in items)
+
+
+def _check_model(role: str, model: Any) -> int:
+    if model is None:
+        raise InvalidInputError(f"{role} model is missing; pass a LanguageModel (CallableLM or HFModel)")
+    vs = getattr(model, "vocab_size", None)
+    if not isinstance(model, LanguageModel) or isinstance(vs, bool) or not isinstance(vs, int) or vs < 1:
+        raise InvalidInputError(
+            f"{role} must be a LanguageModel with an integer vocab_size and next_logprobs(); got"
+            f" {type(model).__name__} (wrap a transformers model in mdv.models.HFModel, a function in"
+            " mdv.models.CallableLM)")
+    return vs
+
+
+def _max_context(*models: Any) -> int | None:
+    ctx = [int(c) for m in models if m is not None and (c := getattr(m, "max_context", None))]
+    return min(ctx) if ctx else None
+
+
+def _sync_for(device: torch.device) -> Callable[[], None] | None:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return None
+
+
+@torch.inference_mode()
+def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Sequence[int] | Tensor,
+             method: str, K: int = 1, L: int = 4, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, max_new_tokens: int = 64, seed: int = 0,
+             eos_token_id: int | Sequence[int] | None = None, *,
+             on_step: Callable[[StepRecord], None] | None = None) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` with speculative decoding.
+
+    target, draft: LanguageModels sharing one vocabulary (``HFModel`` with a KV cache, or any model
+    with ``next_logprobs``); ``draft`` may be None for ``method="ar"``.  method: a registered verifier
+    (``mdv.VERIFIERS``: sd, spectr, bv, gbv, spectr_gbv, mdbv) or ``"ar"``.  K drafts of length L per
+    iteration (single-draft verifiers need K = 1).  temperature / top_k / top_p: one sampling transform
+    applied identically to target and draft (T = 0 is greedy).  eos_token_id: None uses the target
+    tokenizer's EOS (if any); ``[]`` never stops early.  on_step: called after every speculative
+    iteration with a :class:`StepRecord`.  Returns :class:`GenerationResult`.
+    """
+    from mdv.verify.registry import VERIFIERS
+
+    # ------------------------------------------------------------------ validation (before any work)
+    valid = [AR, *VERIFIERS]
+    if not isinstance(method, str) or method not in valid:
+        raise unknown_name("method", method, valid)
+    K = _int_arg("K", K, 1)
+    L = _int_arg("L", L, 1)
+    max_new_tokens = _int_arg("max_new_tokens", max_new_tokens, 1)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise InvalidInputError(f"seed must be an integer; got {seed!r}")
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    V = _check_model("target", target)
+    verifier: Verifier | None = None
+    if method != AR:
+        Vd = _check_model("draft", draft)
+        if Vd != V:
+            raise InvalidInputError(
+                f"target and draft vocabularies differ: target vocab_size={V}, draft vocab_size={Vd}; the"
+                " two models must share one tokenizer (algorithms.md §12.15)")
+        same = getattr(target, "same_vocabulary", None)
+        if callable(same) and not same(draft):
+            raise InvalidInputError(
+                f"target and draft tokenizers map tokens to different ids (both have vocab_size={V}); the"
+                " two models must share one tokenizer")
+        verifier = VERIFIERS[method]()
+        verifier.check_drafts(K)
+    prompt = _prompt_list(prompt_ids, V)
+    ctx = _max_context(target, draft if method != AR else None)
+    if ctx is not None and len(prompt) >= ctx:
+        raise InvalidInputError(
+            f"prompt_ids has {len(prompt)} tokens but the model context is {ctx} tokens; shorten the prompt")
+    eos = _eos_set(eos_token_id, target)
+
+    tgt = open_session(target)
+    watch = Stopwatch(_sync_for(tgt.device))
+    stats = GenerationStats(method=method, K=K, L=L, max_new_tokens=max_new_tokens, prompt_length=len(prompt),
+                            watch=watch)
+    stats.extra.update({"temperature": float(temperature), "top_k": top_k, "top_p": top_p, "seed": seed})
+    generator = torch.Generator(device=tgt.device)
+    generator.manual_seed(int(seed))
+
+    if method == AR:
+        with watch.phase("prefill"):
+            tgt.prefill(prompt[:-1])
+        with watch.phase("decode"):
+            out = _decode_ar(tgt, prompt, sampling, max_new_tokens, eos, ctx, generator, stats)
+    else:
+        assert verifier is not None and draft is not None
+        drf = open_session(draft)
+        with watch.phase("prefill"):
+            tgt.prefill(prompt[:-1])
+            drf.prefill(prompt[:-1])
+        with watch.phase("decode"):
+            out = _decode_speculative(tgt, drf, verifier, prompt, sampling, K, L, max_new_tokens, eos, ctx,
+                                      generator, stats, on_step)
+    stats.new_tokens = len(out)
+    return GenerationResult(out, stats.as_dict())
+
+
+def _commit(out: list[int], emitted: Sequence[int], max_new_tokens: int, eos: frozenset[int]) -> str | None:
+    """Append ``emitted`` to ``out``, cut at EOS or at ``max_new_tokens``; the stop reason, if any."""
+    for tok in emitted:
+        out.append(int(tok))
+        if tok in eos:
+            return "eos"
+        if len(out) >= max_new_tokens:
+            return "max_new_tokens"
+    return None
+
+
+def _decode_ar(tgt: DecodeSession, prompt: list[int], sampling: SamplingConfig, max_new_tokens: int,
+               eos: frozenset[int], ctx: int | None, generator: torch.Generator,
+               stats: GenerationStats) -> list[int]:
+    """Autoregressive sampling from the target: one call per token, pending token fed each call."""
+    seq, out = list(prompt), []
+    watch = stats.watch
+    while True:
+        if ctx is not None and len(seq) >= ctx:
+            stats.stop_reason = "context"
+            break
+        with watch.phase("target"):
+            pending = torch.tensor([seq[tgt.length:]], dtype=torch.long, device=tgt.device)  # [1, n]
+            logits = tgt.extend(pending)[:, -1]  # [1, V]
+            stats.target_calls += 1
+        with watch.phase("verify"):  # sampling is the AR "verification"
+            p = sampling.probs(logits)  # [1, V] float64
+            u = torch.rand(1, generator=generator, dtype=torch.float64, device=generator.device)
+            token = int(categorical(p.to(u.device), u)[0])
+        seq.append(token)
+        reason = _commit(out, [token], max_new_tokens, eos)
+        if reason is not None:
+            stats.stop_reason = reason
+            break
+    return out
+
+
+def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifier, prompt: list[int],
+                        sampling: SamplingConfig, K: int, L: int, max_new_tokens: int, eos: frozenset[int],
+                        ctx: int | None, generator: torch.Generator, stats: GenerationStats,
+                        on_step: Callable[[StepRecord], None] | None) -> list[int]:
+    """The speculative loop (module docstring, steps 1-4)."""
+    seq, out = list(prompt), []
+    watch = stats.watch
+    gdev = generator.device
+    verifier.reset()
+    iteration = 0
+    while True:
+        n = len(seq)
+        if ctx is not None and n + L > ctx:
+            stats.stop_reason = "context"
+            break
+        # 1. draft: pending tokens in one row, fork K, L sequential steps over K rows
+        with watch.phase("draft"):
+            pending_d = torch.tensor([seq[drf.length:]], dtype=torch.long, device=drf.device)  # [1, m]
+            logits = drf.extend(pending_d)[:, -1]  # [1, V]
+            stats.draft_calls += 1
+            drf.fork(K)
+            q_i = sampling.probs(logits).to(gdev).expand(K, -1)  # [K, V] float64, shared first law
+            qs: list[Tensor] = []
+            toks: list[Tensor] = []
+            for i in range(L):
+                u = torch.rand(K, generator=generator, dtype=torch.float64, device=gdev)
+                x = categorical(q_i, u)  # [K]: drawn from exactly q_i
+                qs.append(q_i)
+                toks.append(x)
+                if i < L - 1:
+                    logits = drf.extend(x.unsqueeze(1).to(drf.device))[:, -1]  # [K, V]
+                    stats.draft_calls += 1
+                    q_i = sampling.probs(logits).to(gdev)
+            tokens = torch.stack(toks, 1)  # [K, L]
+            q = torch.stack(qs, 1)  # [K, L, V]
+        # 2. target: one batched pass over [pending, D_k] for all K rows
+        with watch.phase("target"):
+            pending_t = seq[tgt.length:]
+            m = len(pending_t)
+            tgt.fork(K)
+            inp = torch.cat([torch.tensor(pending_t, dtype=torch.long).expand(K, m), tokens.cpu()], 1)  # [K, m+L]
+            logits = tgt.extend(inp.to(tgt.device))[:, m - 1:]  # [K, L+1, V]
+            stats.target_calls += 1
+            p = sampling.probs(logits).to(gdev)  # [K, L+1, V] float64
+        # 3. verify
+        with watch.phase("verify"):
+            block = Block(tokens.unsqueeze(0), q.unsqueeze(0), p.unsqueeze(0))
+            outcome = verifier.step(block, generator)
+            tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
+            emitted = outcome.emitted(block)
+        # 4. roll back both caches to the kept row and prefix; the new token stays pending
+        tgt.keep(sel)
+        tgt.crop(n + tau)
+        drf.keep(sel)
+        drf.crop(n + min(tau, L - 1))
+        stats.accepted_lengths.append(tau)
+        stats.selected_drafts.append(sel)
+        if on_step is not None:
+            on_step(StepRecord(iteration, tuple(seq), block, outcome, tuple(emitted)))
+        iteration += 1
+        seq.extend(emitted)
+        reason = _commit(out, emitted, max_new_tokens, eos)
+        if reason is not None:
+            stats.stop_reason = reason
+            break
+    return out

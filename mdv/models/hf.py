@@ -1,0 +1,297 @@
+"""Hugging Face transformers causal LMs behind the LanguageModel protocol, with KV-cache sessions.
+
+:class:`HFModel` wraps any loaded transformers causal LM (``HFModel(model, tokenizer=None)``) or loads
+one (:meth:`HFModel.from_pretrained`: a hub id for users who have the hub, a local folder, or a GGUF
+file through transformers' ``gguf_file``).  It offers
+
+* ``next_logprobs(prefixes) -> [N, V]`` (float64 log-probabilities; full forward passes, no cache):
+  what the exact oracle and the tests need;
+* ``new_session() -> HFSession``: the engine's incremental view, one ``DynamicCache`` per sequence,
+  with the operations of :class:`mdv.models.session.DecodeSession` mapped onto the cache API of
+  transformers 5.x -- ``crop`` (rollback), ``batch_repeat_interleave`` (fork one prefix into K rows)
+  and ``batch_select_indices`` (keep the selected row).  The prefix is never recomputed.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from mdv.errors import InvalidInputError, MissingAssetError
+
+# Prefixes per forward pass in next_logprobs (grouped by length, so no padding is needed).
+_ORACLE_CHUNK = 256
+
+
+def default_device() -> torch.device:
+    """CUDA when available, else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _looks_like_path(name: str) -> bool:
+    """True when ``name`` cannot be a hub id ("org/name" or "name") and must be a local path."""
+    if name.startswith(("/", "./", "../", "~", ".\\")) or name.endswith(".gguf") or "\\" in name:
+        return True
+    return name.count("/") > 1
+
+
+class HFModel:
+    """A transformers causal LM as a :class:`~mdv.models.base.LanguageModel` with KV-cache sessions.
+
+    Attributes: ``model`` (the ``PreTrainedModel``, in eval mode), ``tokenizer`` (or None),
+    ``vocab_size`` (the width of the logits), ``device``, ``dtype``, ``eos_token_id`` (the tokenizer's
+    end-of-sequence id, None without a tokenizer), ``max_context`` (``max_position_embeddings`` or None).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, name: str | None = None):
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise InvalidInputError(
+                f"HFModel wraps a loaded transformers causal LM (a PreTrainedModel); got {type(model).__name__}."
+                " To load one by name or path use HFModel.from_pretrained(...)")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        self.config = cfg
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        weight = getattr(head, "weight", None)
+        self.vocab_size: int = int(weight.shape[0]) if weight is not None else int(cfg.vocab_size)
+        ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        self.max_context: int | None = int(ctx) if ctx else None
+        eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+        self.eos_token_id: int | None = int(eos) if isinstance(eos, int) else None
+        params = inspect.signature(model.forward).parameters
+        # transformers >= 5 calls the cache argument `cache`; 4.x called it `past_key_values`.
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in params
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike[str], gguf_file: str | None = None,
+                        dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                        load_tokenizer: bool = True, **kwargs: Any) -> "HFModel":
+        """Load a causal LM (and its tokenizer) from a hub id, a local folder or a GGUF file.
+
+        ``name_or_path`` may be a folder with ``config.json`` and weights, a folder plus ``gguf_file``
+        (a file name inside it, or an absolute path), a path to a ``.gguf`` file, or a hub id (needs
+        the hub).  GGUF weights are dequantised to ``dtype`` (float32 recommended on CPU).  ``device``
+        defaults to CUDA when available, else CPU.  A missing file or folder, or an unreachable hub
+        id, raises :class:`~mdv.errors.MissingAssetError` with a short message.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        name = os.fspath(name_or_path)
+        path = Path(name).expanduser()
+        if gguf_file is None and path.suffix == ".gguf":
+            path, gguf_file = path.parent, path.name
+        if gguf_file is not None:
+            gpath = Path(gguf_file).expanduser()
+            if not gpath.is_absolute():
+                gpath = path / gpath
+            if not gpath.is_file():
+                raise MissingAssetError(
+                    f"GGUF file not found: {gpath}. Fetch the model first (see `python -m mdv.assets list`)"
+                    " or pass the path of an existing .gguf file")
+            source, gguf_name = str(gpath.parent), gpath.name
+        elif path.exists():
+            if not path.is_dir() or not (path / "config.json").is_file():
+                raise MissingAssetError(
+                    f"{path} is not a model folder (no config.json); pass a folder written by"
+                    " save_pretrained(), a .gguf file, or a hub id")
+            source, gguf_name = str(path), None
+        elif _looks_like_path(name):
+            raise MissingAssetError(f"model path not found: {path}")
+        else:
+            source, gguf_name = name, None  # a hub id
+
+        dev = torch.device(device) if device is not None else default_device()
+        extra: dict[str, Any] = dict(kwargs)
+        if gguf_name is not None:
+            extra["gguf_file"] = gguf_name
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
+        except OSError as exc:  # missing weights, unreachable hub, unknown repo
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            hint = ("; the Hugging Face hub is unreachable or disabled (HF_HUB_OFFLINE=1): use a local"
+                    " folder or GGUF file" if not Path(source).exists() else "")
+            raise MissingAssetError(f"could not load model {name!r}: {first}{hint}") from None
+        tokenizer = None
+        if load_tokenizer:
+            tok_kwargs = {"gguf_file": gguf_name} if gguf_name is not None else {}
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(source, **tok_kwargs)
+            except (OSError, ValueError, TypeError, KeyError):
+                tokenizer = None  # weights without a tokenizer are still usable on token ids
+        model.to(dev)
+        return cls(model, tokenizer, name=name)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def same_vocabulary(self, other: Any) -> bool:
+        """True when ``other``'s tokenizer maps the same strings to the same ids (or either has none)."""
+        a, b = self.tokenizer, getattr(other, "tokenizer", None)
+        if a is None or b is None or a is b:
+            return True
+        try:
+            return a.get_vocab() == b.get_vocab()
+        except (AttributeError, NotImplementedError):
+            return True
+
+    # ------------------------------------------------------------------ forward passes
+    @torch.no_grad()
+    def forward(self, input_ids: Tensor, cache: Any = None, position_ids: Tensor | None = None,
+                last_only: bool = False) -> Tensor:
+        """One forward pass.  input_ids: [R, n] -> logits [R, n, V] (or [R, 1, V] with ``last_only``)."""
+        dev = self.device
+        kwargs: dict[str, Any] = {"input_ids": input_ids.to(dev)}
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids.to(dev)
+        if cache is not None:
+            kwargs[self._cache_kw] = cache
+            kwargs["use_cache"] = True
+        else:
+            kwargs["use_cache"] = False
+        if last_only and self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        logits = self.model(**kwargs).logits
+        return logits[:, -1:] if last_only else logits
+
+    @torch.inference_mode()
+    def next_logprobs(self, prefixes: Sequence[Sequence[int]]) -> Tensor:
+        """[N, V] float64 next-token log-probabilities after each prefix (full forward passes, grouped by
+        length; every prefix needs at least one token)."""
+        out = torch.empty(len(prefixes), self.vocab_size, dtype=torch.float64)
+        groups: dict[int, list[int]] = {}
+        for i, pre in enumerate(prefixes):
+            if len(pre) == 0:
+                raise InvalidInputError(
+                    "HFModel.next_logprobs needs non-empty prefixes (a causal LM conditions on at least one"
+                    " token; start the prompt with the tokenizer's BOS token)")
+            groups.setdefault(len(pre), []).append(i)
+        for idx in groups.values():
+            for s in range(0, len(idx), _ORACLE_CHUNK):
+                chunk = idx[s:s + _ORACLE_CHUNK]
+                ids = torch.tensor([list(map(int, prefixes[i])) for i in chunk], dtype=torch.long)
+                self._check_ids(ids)
+                logits = self.forward(ids, last_only=True)[:, -1]  # [n, V]
+                out[chunk] = torch.log_softmax(logits.to(torch.float64), -1).cpu()
+        return out
+
+    def _check_ids(self, ids: Tensor) -> None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise InvalidInputError(
+                f"token ids must lie in [0, vocab_size={self.vocab_size}); got [{int(ids.min())}, {int(ids.max())}]")
+
+    # ------------------------------------------------------------------ sessions
+    def new_session(self) -> "HFSession":
+        """A fresh KV-cache session (one row, nothing processed)."""
+        return HFSession(self)
+
+    def __repr__(self) -> str:
+        return (f"HFModel(name={self.name!r}, vocab_size={self.vocab_size}, device={self.device},"
+                f" dtype={self.dtype})")
+
+
+class HFSession:
+    """One sequence's KV cache for an :class:`HFModel` (a :class:`~mdv.models.session.DecodeSession`).
+
+    All rows always hold the same number of tokens (``length``), so no padding or attention mask is
+    needed: position ids are ``length .. length + n - 1`` in every row.
+    """
+
+    def __init__(self, hf: HFModel):
+        from transformers import DynamicCache
+
+        self.hf = hf
+        try:
+            self.cache = DynamicCache(config=hf.model.config)
+        except TypeError:  # transformers 4.x
+            self.cache = DynamicCache()
+        if hasattr(self.cache, "activate_past_recording"):  # sliding-window layers stay croppable
+            self.cache.activate_past_recording()
+        self._rows = 1
+        self._length = 0
+        self._device = hf.device
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _run(self, tokens: Tensor, last_only: bool) -> Tensor:
+        R, n = tokens.shape
+        pos = torch.arange(self._length, self._length + n, dtype=torch.long).expand(R, n)
+        logits = self.hf.forward(tokens.long(), cache=self.cache, position_ids=pos, last_only=last_only)
+        self._length += n
+        if getattr(self.cache, "is_croppable", True) is False:
+            raise InvalidInputError(
+                f"{self.hf.name}: its cache cannot be rolled back (recurrent or linear-attention layers);"
+                " speculative decoding needs a model with a croppable KV cache")
+        return logits
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Process a prompt in the single row (no scores returned)."""
+        if self._rows != 1:
+            raise InvalidInputError(f"prefill() needs a single row; the session has {self._rows}")
+        if len(tokens) == 0:
+            return
+        ids = torch.tensor([list(map(int, tokens))], dtype=torch.long)
+        self.hf._check_ids(ids)
+        self._run(ids, last_only=True)
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        """tokens: [R, n] -> logits [R, n, V] after each new token (the model's dtype and device)."""
+        if tokens.dim() != 2 or tokens.shape[1] < 1 or tokens.shape[0] != self._rows:
+            raise InvalidInputError(
+                f"extend() takes tokens of shape [rows={self._rows}, n >= 1]; got {tuple(tokens.shape)}")
+        return self._run(tokens, last_only=False)
+
+    def fork(self, k: int) -> None:
+        """One row -> k identical rows (``DynamicCache.batch_repeat_interleave``)."""
+        if self._rows != 1:
+            raise InvalidInputError(f"fork() needs a single row; the session has {self._rows}")
+        if k < 1:
+            raise InvalidInputError(f"fork() needs k >= 1; got {k}")
+        if k > 1 and self._length > 0:
+            self.cache.batch_repeat_interleave(k)
+        self._rows = k
+
+    def keep(self, row: int) -> None:
+        """Keep one row (``DynamicCache.batch_select_indices``)."""
+        if not 0 <= row < self._rows:
+            raise InvalidInputError(f"keep() got row {row}; the session has {self._rows} rows")
+        if self._rows > 1 and self._length > 0:
+            self.cache.batch_select_indices(torch.tensor([row], device=self.device))
+        self._rows = 1
+
+    def crop(self, length: int) -> None:
+        """Forget every token past ``length`` (``DynamicCache.crop`` with a negative count)."""
+        if not 0 <= length <= self._length:
+            raise InvalidInputError(f"crop() to {length} tokens; the session holds {self._length}")
+        remove = self._length - length
+        if length == 0 and remove > 0:  # an empty cache: start afresh, keeping the row count
+            rows = self._rows
+            self.__init__(self.hf)
+            self._rows = rows
+            return
+        if remove > 0:
+            self.cache.crop(-remove)
+        self._length = length

@@ -1,0 +1,136 @@
+"""Incremental decoding sessions: the engine-facing side of a language model.
+
+A :class:`DecodeSession` holds the state of one sequence being decoded by one model -- for a
+transformer, its KV cache -- as ``rows`` parallel copies that all have the same ``length`` (number of
+tokens already processed).  The engine needs five operations:
+
+* ``extend(tokens [R, n]) -> logits [R, n, V]``: process n new tokens in each of the R rows and return
+  the next-token scores after each of them (logits or log-probabilities, any float dtype; the engine
+  normalises them once, in float64, with :func:`mdv.models.sampling.apply_sampling`);
+* ``prefill(tokens)``: process a prompt (one row) without returning scores;
+* ``fork(k)``: turn the single row into k identical rows (the K i.i.d. drafts share their prefix);
+* ``keep(row)``: keep one row (the draft the verifier selected), dropping the others;
+* ``crop(length)``: forget every token past ``length`` (roll back the rejected part of a block).
+
+:class:`PrefixSession` implements them for *any* :class:`~mdv.models.base.LanguageModel` by calling
+``next_logprobs`` on the full prefixes; it suits :class:`~mdv.models.callable.CallableLM` (whose results
+are cached per prefix).  :class:`~mdv.models.hf.HFModel` provides a KV-cache session
+(:class:`mdv.models.hf.HFSession`).  :func:`open_session` picks the right one.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from mdv.errors import InvalidInputError
+from mdv.models.base import LanguageModel
+
+
+@runtime_checkable
+class DecodeSession(Protocol):
+    """Incremental decoding state of one sequence: ``rows`` copies of ``length`` processed tokens."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def prefill(self, tokens: Sequence[int]) -> None: ...
+
+    def extend(self, tokens: Tensor) -> Tensor: ...
+
+    def fork(self, k: int) -> None: ...
+
+    def keep(self, row: int) -> None: ...
+
+    def crop(self, length: int) -> None: ...
+
+
+def _check_extend(tokens: Tensor, rows: int) -> None:
+    if tokens.dim() != 2 or tokens.shape[1] < 1:
+        raise InvalidInputError(f"extend() takes tokens of shape [rows, n >= 1]; got {tuple(tokens.shape)}")
+    if tokens.shape[0] != rows:
+        raise InvalidInputError(f"extend() got {tokens.shape[0]} rows but the session has {rows}")
+
+
+class PrefixSession:
+    """A :class:`DecodeSession` for any LanguageModel, kept as explicit token lists (no KV cache).
+
+    ``extend`` asks the model for the next-token scores after every new prefix, so its cost is that of
+    ``next_logprobs`` on full prefixes: fine for :class:`~mdv.models.callable.CallableLM` (cached per
+    prefix, no forward pass), not meant for transformers (use :class:`~mdv.models.hf.HFModel`).
+    """
+
+    def __init__(self, model: LanguageModel, device: torch.device | str = "cpu"):
+        self.model = model
+        self._rows: list[list[int]] = [[]]
+        self._device = torch.device(device)
+
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def length(self) -> int:
+        return len(self._rows[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        if self.rows != 1:
+            raise InvalidInputError(f"prefill() needs a single row; the session has {self.rows}")
+        self._rows[0].extend(int(t) for t in tokens)
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        """tokens: [R, n] -> scores [R, n, V] after each new token."""
+        _check_extend(tokens, self.rows)
+        R, n = tokens.shape
+        new = tokens.tolist()
+        prefixes: list[tuple[int, ...]] = []
+        for r in range(R):
+            row = self._rows[r]
+            for j in range(n):
+                row.append(int(new[r][j]))
+                prefixes.append(tuple(row))
+        out = self.model.next_logprobs(prefixes)  # [R*n, V]
+        return torch.as_tensor(out).reshape(R, n, -1).to(self._device)
+
+    def fork(self, k: int) -> None:
+        if self.rows != 1:
+            raise InvalidInputError(f"fork() needs a single row; the session has {self.rows}")
+        if k < 1:
+            raise InvalidInputError(f"fork() needs k >= 1; got {k}")
+        self._rows = [list(self._rows[0]) for _ in range(k)]
+
+    def keep(self, row: int) -> None:
+        if not 0 <= row < self.rows:
+            raise InvalidInputError(f"keep() got row {row}; the session has {self.rows} rows")
+        self._rows = [self._rows[row]]
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise InvalidInputError(f"crop() to {length} tokens; the session holds {self.length}")
+        for row in self._rows:
+            del row[length:]
+
+
+def open_session(model: LanguageModel) -> DecodeSession:
+    """A fresh decoding session for ``model``: its own (KV-cache) session when it offers
+    ``new_session()``, else a :class:`PrefixSession` over ``next_logprobs``."""
+    factory = getattr(model, "new_session", None)
+    if callable(factory):
+        return factory()
+    if not isinstance(model, LanguageModel):
+        raise InvalidInputError(
+            f"{model!r} is not a LanguageModel: it needs an integer `vocab_size` and a"
+            " `next_logprobs(prefixes)` method (wrap a function in mdv.models.CallableLM, a transformers"
+            " model in mdv.models.HFModel)")
+    return PrefixSession(model)
