@@ -1,0 +1,1 @@
+"""Thin entry points over :mod:`mdv.analysis`: ``python -m analysis.report <results_dir> [--out DIR]``."""
