@@ -25,4 +25,15 @@ if ! "$VPY" -c "import mdv, ot, transformers, hydra, wandb, datasets, pytest, hy
   "$VPY" -m pip install -q -c constraints.txt -e ".[dev]"
   touch "$VENV/.mdv-installed"
 fi
+# Offline assets: the default target model and the offline dataset sources, sha256-checked, into
+# $MDV_CACHE (default ~/.cache/mdv).  Set MDV_SKIP_ASSETS=1 to skip (real-model tests then skip).
+if [ "${MDV_SKIP_ASSETS:-0}" != "1" ]; then
+  if ! "$VPY" -m mdv.assets check >/dev/null 2>&1; then
+    echo "[mdv setup] fetching the default model and dataset sources"
+    "$VPY" -m mdv.assets fetch
+  fi
+  if ! "$VPY" -m mdv.data check >/dev/null 2>&1; then
+    "$VPY" -m mdv.data fetch
+  fi
+fi
 echo "[mdv setup] ready: $("$VPY" -c 'import torch, mdv; print("torch", torch.__version__, "| mdv", mdv.__version__)')"

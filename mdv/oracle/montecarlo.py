@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from scipy import stats
+from torch import Tensor
 
 from mdv.models.base import LanguageModel
 from mdv.models.sampling import SamplingConfig
@@ -49,12 +50,34 @@ def sample_iterations(method: str | Verifier, target: LanguageModel, draft: Lang
         pos = torch.arange(L)
         prefix = torch.where(pos < out.tau.unsqueeze(-1), kept, torch.full_like(kept, -1))
         keys = torch.cat([prefix, out.token.unsqueeze(-1)], -1)
-        uniq, cnt = torch.unique(keys, dim=0, return_counts=True)
-        for row, c in zip(uniq.tolist(), cnt.tolist()):
+        for row, c in _count_rows(keys, V):
             counts[tuple(x for x in row[:-1] if x >= 0) + (row[-1],)] += c
         done += n
     assert all(0 <= t < V for key in counts for t in key)
     return counts
+
+
+def _count_rows(keys: Tensor, V: int) -> list[tuple[list[int], int]]:
+    """The distinct rows of ``keys`` [n, m] (entries in -1..V-1) with their counts, in lexicographic order.
+
+    Rows are read as base-(V+1) integers when they fit in int64 (a 1-D ``bincount`` / ``unique`` is far
+    faster than ``unique(dim=0)``), else counted by ``unique(dim=0)``.
+    """
+    n, m = keys.shape
+    base = V + 1
+    if n == 0 or base ** m >= 2 ** 62:
+        uniq, cnt = torch.unique(keys, dim=0, return_counts=True)
+        return list(zip(uniq.tolist(), cnt.tolist()))
+    weights = torch.tensor([base ** (m - 1 - j) for j in range(m)], dtype=torch.long)
+    code = (keys.long() + 1) @ weights  # [n]
+    if base ** m <= 4 * n + 4096:
+        cnt = torch.bincount(code, minlength=base ** m)
+        codes = cnt.nonzero().squeeze(-1)
+        cnt = cnt[codes]
+    else:
+        codes, cnt = torch.unique(code, return_counts=True)
+    digits = (codes.unsqueeze(-1) // weights) % base - 1  # [G, m]
+    return list(zip(digits.tolist(), cnt.tolist()))
 
 
 def chi_square_pvalue(counts: Counter, law: dict[tuple, float], min_expected: float = 5.0) -> float:

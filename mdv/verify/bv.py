@@ -40,6 +40,14 @@ class BlockVerification(Verifier):
     @classmethod
     def h_and_dists(cls, block: Block) -> tuple[Tensor, Tensor]:
         """Acceptance probabilities h_1..h_L [B, L] and extra-token laws after tau = 0..L [B, L+1, V]."""
+        h, scaled = cls._h_and_scaled(block)
+        p = block.p[:, 0]  # [B, L+1, V]
+        dists = torch.cat([normalize_or(scaled, p[:, :-1]), p[:, -1:]], 1)
+        return h, dists
+
+    @classmethod
+    def _h_and_scaled(cls, block: Block) -> tuple[Tensor, Tensor]:
+        """h [B, L] and the unnormalised residuals ``w_i p_i - q_i`` [B, L, V], i = 0..L-1."""
         w = cls.weights(block)  # [B, L+1]
         p, q = block.p[:, 0], block.q[:, 0]  # [B, L+1, V], [B, L, V]
         scaled = w[:, :-1, None] * p[:, :-1] - q  # [B, L, V]: w_i p_i - q_i for i = 0..L-1
@@ -47,8 +55,7 @@ class BlockVerification(Verifier):
         den = A[:, 1:] + 1.0 - w[:, 1:-1]  # i = 1..L-1
         h_mid = torch.where(den <= TOL, torch.ones_like(den), A[:, 1:] / torch.where(den <= TOL, torch.ones_like(den), den))
         h = torch.cat([h_mid.clamp(0.0, 1.0), w[:, -1:]], -1)  # [B, L]
-        dists = torch.cat([normalize_or(scaled, p[:, :-1]), p[:, -1:]], 1)
-        return h, dists
+        return h, scaled
 
     def law(self, block: Block, state: Any = None) -> list[Branch]:
         h, dists = self.h_and_dists(block)
@@ -57,10 +64,13 @@ class BlockVerification(Verifier):
         return [Branch(prob[:, i], zeros, zeros + i, dists[:, i]) for i in range(block.L + 1)]
 
     def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
-        h, dists = self.h_and_dists(block)
+        h, scaled = self._h_and_scaled(block)
         tau = last_accepted(h, uniforms.coins[:, 0])
         rows = torch.arange(block.B, device=h.device)
-        token = categorical(dists[rows, tau], uniforms.draws[rows, tau])
+        # the extra token's law only at tau (O(B·V), not O(B·L·V))
+        t, p = tau.clamp_max(block.L - 1), block.p[:, 0]
+        dist = torch.where((tau == block.L).unsqueeze(-1), p[rows, tau], normalize_or(scaled[rows, t], p[rows, t]))
+        token = categorical(dist, uniforms.draws[rows, tau])
         return Outcome(tau, torch.zeros_like(tau), token)
 
     def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:

@@ -98,12 +98,17 @@ class GreedyBlockVerification(Verifier):
     # ------------------------------------------------------------------ math
     def h_and_dists(self, block: Block, state: Any) -> tuple[Tensor, Tensor]:
         """h_1..h_L [B, L] and the extra-token laws after tau = 0..L [B, L+1, V], along draft 0."""
+        h, p_eff, log_p, log_q = self._h(block, state)
+        q = block.q[:, 0]
+        residuals = greedy_residual(safe_ratio(log_p[:, :-1], log_q[:, :-1]), p_eff[:, :-1], q)  # [B, L, V]
+        return h, torch.cat([residuals, p_eff[:, -1:]], 1)
+
+    def _h(self, block: Block, state: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """h [B, L], the effective target along draft 0 [B, L+1, V] and the log joints log P, log Q [B, L+1]."""
         p_eff = self.effective_target(block, state)[:, 0]  # [B, L+1, V]
         q, tok = block.q[:, 0], block.tokens[:, 0]  # [B, L, V], [B, L]
         log_p, log_q = log_joints(tok, p_eff), log_joints(tok, q)  # [B, L+1]
-        h = greedy_block_h(log_p, log_q, p_eff[:, :-1], q)
-        residuals = greedy_residual(safe_ratio(log_p[:, :-1], log_q[:, :-1]), p_eff[:, :-1], q)  # [B, L, V]
-        return h, torch.cat([residuals, p_eff[:, -1:]], 1)
+        return greedy_block_h(log_p, log_q, p_eff[:, :-1], q), p_eff, log_p, log_q
 
     def law(self, block: Block, state: Any = None) -> list[Branch]:
         h, dists = self.h_and_dists(block, state)
@@ -112,10 +117,14 @@ class GreedyBlockVerification(Verifier):
         return [Branch(prob[:, i], zeros, zeros + i, dists[:, i]) for i in range(block.L + 1)]
 
     def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
-        h, dists = self.h_and_dists(block, state)
+        h, p_eff, log_p, log_q = self._h(block, state)
         tau = last_accepted(h, uniforms.coins[:, 0])
         rows = torch.arange(block.B, device=h.device)
-        token = categorical(dists[rows, tau], uniforms.draws[rows, tau])
+        # the extra token's law only at tau (O(B·V), not O(B·L·V))
+        t = tau.clamp_max(block.L - 1)
+        residual = greedy_residual(safe_ratio(log_p[rows, t], log_q[rows, t]), p_eff[rows, t], block.q[rows, 0, t])
+        dist = torch.where((tau == block.L).unsqueeze(-1), p_eff[rows, tau], residual)
+        token = categorical(dist, uniforms.draws[rows, tau])
         return Outcome(tau, torch.zeros_like(tau), token)
 
     def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:

@@ -32,19 +32,26 @@ from mdv.verify.sd import token_probs
 Level = tuple[int, Tensor]
 
 
-def chain_along(block: Block, p_eff: Tensor, row: Tensor, levels: list[Level]) -> tuple[Tensor, Tensor, Tensor]:
+def chain_along(block: Block, p_eff: Tensor, row: Tensor, levels: list[Level],
+                upto: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The top level of the residual chain along one draft row per instance.
 
-    row: [B] the row (draft index) walked in each instance; levels: anchors of the levels, oldest first.
-    Returns (cond [B, L, V]: T_m(.|row prefix of length i) for i = 0..L-1,
-             log_t [B, L+1]: log T_m(row prefix of length i), log_q [B, L+1]: log Q(row prefix)).
+    row: [B] the row (draft index) walked in each instance; levels: anchors of the levels, oldest first;
+    upto: only the first ``upto`` positions (default L) are computed.
+    Returns (cond [B, n, V]: T_m(.|row prefix of length i) for i = 0..n-1,
+             log_t [B, n+1]: log T_m(row prefix of length i), log_q [B, n+1]: log Q(row prefix)), n = upto.
     """
-    B, L, V = block.B, block.L, block.V
+    B, V = block.B, block.V
+    L = block.L if upto is None else upto
     ar = torch.arange(B, device=p_eff.device)
-    toks = block.tokens[ar, row]  # [B, L]
-    p_row, q_row = p_eff[ar, row], block.q[ar, row]  # [B, L+1, V], [B, L, V]
+    if row.numel() and bool((row == row[0]).all()):  # one draft for every instance: views, no copies
+        r0 = int(row[0])
+        toks, p_row, q_row = block.tokens[:, r0], p_eff[:, r0], block.q[:, r0]
+    else:
+        toks = block.tokens[ar, row]  # [B, L]
+        p_row, q_row = p_eff[ar, row], block.q[ar, row]  # [B, L+1, V], [B, L, V]
     if not levels:
-        return p_row[:, :L], log_joints(toks, p_row), log_joints(toks, q_row)
+        return p_row[:, :L], log_joints(toks[:, :L], p_row), log_joints(toks[:, :L], q_row)
     m = len(levels)
     log_t = [torch.zeros(B, dtype=p_eff.dtype, device=p_eff.device) for _ in range(m + 1)]  # log T_0..T_m
     log_q = torch.zeros(B, dtype=p_eff.dtype, device=p_eff.device)
@@ -52,12 +59,22 @@ def chain_along(block: Block, p_eff: Tensor, row: Tensor, levels: list[Level]) -
     for i in range(L):
         conds = [p_row[:, i]]
         for j, (draft_j, depth) in enumerate(levels, start=1):
-            transformed = residual_chain_step(conds[-1], q_row[:, i], [log_t[j - 1]], log_q)[-1]
-            anchor = torch.nn.functional.one_hot(block.tokens[ar, draft_j, i], V).to(p_eff.dtype)
-            conds.append(torch.where((i >= depth).unsqueeze(-1), transformed, anchor))
+            # past its anchor a level is the residual chain, before it a point mass on the anchor's token;
+            # the branch no instance needs is skipped
+            past = i >= depth  # [B]
+            n_past = int(past.sum())
+            if n_past:
+                transformed = residual_chain_step(conds[-1], q_row[:, i], [log_t[j - 1]], log_q)[-1]
+            if n_past < B:
+                anchor = torch.nn.functional.one_hot(block.tokens[:, draft_j, i], V).to(p_eff.dtype)
+            conds.append(transformed if n_past == B else anchor if n_past == 0
+                         else torch.where(past.unsqueeze(-1), transformed, anchor))
         tok = toks[:, i].unsqueeze(-1)
+        flat = ar * V + toks[:, i]  # the same entries as gather(-1, tok), read by a faster 1-D index
         for j in range(m + 1):
-            log_t[j] = log_t[j] + conds[j].gather(-1, tok).squeeze(-1).log()
+            picked = (conds[j].reshape(-1).index_select(0, flat) if conds[j].is_contiguous()
+                      else conds[j].gather(-1, tok).squeeze(-1))
+            log_t[j] = log_t[j] + picked.log()
         log_q = log_q + q_row[:, i].gather(-1, tok).squeeze(-1).log()
         conds_top.append(conds[m])
         log_top.append(log_t[m].clone())
@@ -75,8 +92,9 @@ def draft_h(block: Block, p_eff: Tensor, k: int, levels: list[Level]) -> Tensor:
 def extra_token_law(block: Block, p_eff: Tensor, sel: Tensor, tau: Tensor, levels: list[Level]) -> Tensor:
     """Law of the correction token T_top(.|acc) (tau < L) or of the bonus p(.|c, D_sel) (tau = L).  -> [B, V]"""
     ar = torch.arange(block.B, device=p_eff.device)
-    cond, _, _ = chain_along(block, p_eff, sel, levels)  # [B, L, V]
-    correction = cond[ar, tau.clamp_max(block.L - 1)]
+    t = tau.clamp_max(block.L - 1)
+    cond, _, _ = chain_along(block, p_eff, sel, levels, upto=int(t.max()) + 1 if t.numel() else block.L)  # [B, n, V]
+    correction = cond[ar, t]
     bonus = p_eff[ar, sel, block.L]
     return torch.where((tau == block.L).unsqueeze(-1), bonus, correction)
 

@@ -32,6 +32,7 @@ first survivor are used for the whole set.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -42,6 +43,11 @@ from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 
 #: Bisection steps for rho*: the bracket [1, k] (k <= a few dozen) shrinks below float64 resolution.
 RHO_ITERS = 60
+#: From this vocabulary size on, rho* is bisected row by row on the entries still inside the bracket
+#: (:func:`_bisect_active_set`) instead of with two O(V) sums per step.
+ACTIVE_SET_MIN_V = 1024
+# Below this many entries inside the bracket, the active-set bisection continues in Python floats.
+_ACTIVE_FLOATS = 64
 
 
 # ---------------------------------------------------------------------------------------- K-SEQ helpers
@@ -96,10 +102,15 @@ def kseq_rho(p: Tensor, q: Tensor, k: Tensor | int) -> Tensor:
         return _pow(_reject(pp, qq, rho), kq) - uncovered
 
     rho = torch.ones_like(kk)
-    todo = (g(p, q, kk, rho) < 0.0).nonzero().squeeze(-1)  # rows with rho* > 1
+    # rows with rho* > 1; k = 1 rows keep rho = 1 (their bracket [1, 1] leaves hi = 1)
+    todo = ((g(p, q, kk, rho) < 0.0) & (kk > 1.0)).nonzero().squeeze(-1)
     if todo.numel():
         pp, qq, kq = p[todo], q[todo], kk[todo]
         lo, hi = torch.ones_like(kq), kq.clone()
+        if pp.shape[-1] >= ACTIVE_SET_MIN_V:  # large vocabularies: few rows, one at a time
+            rho[todo] = torch.tensor([_bisect_active_set(pp[n], qq[n], float(kq[n])) for n in range(len(todo))],
+                                     dtype=rho.dtype, device=rho.device)
+            return rho
         for _ in range(RHO_ITERS):
             mid = 0.5 * (lo + hi)
             ok = g(pp, qq, kq, mid) >= 0.0
@@ -107,6 +118,61 @@ def kseq_rho(p: Tensor, q: Tensor, k: Tensor | int) -> Tensor:
             lo = torch.where(ok, lo, mid)
         rho[todo] = hi
     return rho
+
+
+def _bisect_active_set(p: Tensor, q: Tensor, k: float) -> float:
+    """The bisection of :func:`kseq_rho` for one row, summing only the entries whose ratio lies in the bracket.
+
+    With ``r_x = p(x)/q(x)`` (inf where q = 0 < p), an entry with ``r_x <= lo`` contributes ``q - p/rho``
+    to ``sum_x (q - p/rho)_+`` and nothing to ``sum_x (p - rho q)_+`` for every rho in the bracket
+    (lo, hi]; one with ``r_x > hi`` the reverse.  Their masses are folded into four running sums and the
+    entries dropped, so each step costs O(entries still inside the bracket) instead of O(V).  Same g,
+    same bisection (upper end after :data:`RHO_ITERS` steps) as the batched path, up to rounding of the
+    sums.  p, q: [V] float64; k > 1.
+    """
+    ratio = p / q  # inf where q = 0 < p; NaN where p = q = 0 (such entries contribute nothing: dropped)
+    lo, hi = 1.0, k
+    # (boolean-mask indexing is slow on CPU: masks multiply, compaction goes through nonzero())
+    below, above = ratio <= lo, ratio > hi
+    p_lo, q_lo = float((p * below).sum()), float((q * below).sum())  # masses below / above the bracket
+    p_hi, q_hi = float((p * above).sum()), float((q * above).sum())
+    idx = ((ratio > lo) & (ratio <= hi)).nonzero().squeeze(-1)
+    pa, qa, ra = p.index_select(0, idx), q.index_select(0, idx), ratio.index_select(0, idx)
+    small: list[tuple[float, float, float]] | None = None  # the active entries as floats, once few remain
+    for _ in range(RHO_ITERS):
+        mid = 0.5 * (lo + hi)
+        if small is None and ra.numel() <= _ACTIVE_FLOATS:
+            small = list(zip(pa.tolist(), qa.tolist(), ra.tolist()))
+        if small is None:
+            below, above = ra <= lo, ra > hi
+            if bool((below | above).any()):
+                p_lo += float((pa * below).sum())
+                q_lo += float((qa * below).sum())
+                p_hi += float((pa * above).sum())
+                q_hi += float((qa * above).sum())
+                idx = (~(below | above)).nonzero().squeeze(-1)
+                pa, qa, ra = pa.index_select(0, idx), qa.index_select(0, idx), ra.index_select(0, idx)
+            reject = q_lo - p_lo / mid + float((qa - pa / mid).clamp_min(0.0).sum())
+            uncovered = p_hi - mid * q_hi + float((pa - mid * qa).clamp_min(0.0).sum())
+        else:
+            inside = []
+            for px, qx, rx in small:
+                if rx <= lo:
+                    p_lo, q_lo = p_lo + px, q_lo + qx
+                elif rx > hi:
+                    p_hi, q_hi = p_hi + px, q_hi + qx
+                else:
+                    inside.append((px, qx, rx))
+            small = inside
+            reject = q_lo - p_lo / mid + sum(max(qx - px / mid, 0.0) for px, qx, _ in small)
+            uncovered = p_hi - mid * q_hi + sum(max(px - mid * qx, 0.0) for px, qx, _ in small)
+        reject = min(max(reject, 0.0), 1.0)
+        g = (math.exp(k * math.log(reject)) if reject > 0.0 else 0.0) - max(uncovered, 0.0)
+        if g >= 0.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def kseq_acceptance(p: Tensor, q: Tensor, k: Tensor | int, rho: Tensor | None = None) -> Tensor:
@@ -133,7 +199,13 @@ def kseq_residual(p: Tensor, q: Tensor, k: Tensor | int, rho: Tensor | None = No
     beta = _beta(p, q, rho)
     accept = _accept_all(_reject(p, q, rho), kk)
     factor = torch.where(beta > 0.0, accept / torch.where(beta > 0.0, beta, torch.ones_like(beta)), kk)
-    return normalize_or(p - torch.minimum(q, p / rho.unsqueeze(-1)) * factor.unsqueeze(-1), p)
+    factor = torch.where(kk == 1.0, torch.ones_like(factor), factor)  # exactly 1 at k = 1 (rho* = 1)
+    capped = p / rho.unsqueeze(-1)
+    # Tokens with q >= p/rho* carry no residual: p - (p/rho*)·factor is exactly 0 there (rho* beta =
+    # 1 - (1-beta)^k), but rounding and the bisection's rho >= rho* leave up to ~1e-10·p(x), which a
+    # residual draw could return -- even a rejected draft token (§12.11).  At k = 1 this is SD's (p - q)_+.
+    res = torch.where(q >= capped, torch.zeros_like(p), p - q * factor.unsqueeze(-1))
+    return normalize_or(res, p)
 
 
 def kseq_accept_prob(p_x: Tensor, q_x: Tensor, rho: Tensor) -> Tensor:
@@ -287,7 +359,10 @@ class SpecTr(Verifier):
             rho = hi
         b = beta(rho)
         factor = (1.0 - reject(rho) ** k) / b if b > 0.0 else float(k)
-        res = [max(px - min(qx, px / rho) * factor, 0.0) for px, qx in zip(p, q)]
+        if k == 1:
+            factor = 1.0  # exactly (rho* = 1): the residual is SD's (p - q)_+
+        # no residual on the tokens with q >= p/rho* (exactly 0 at rho*; see kseq_residual)
+        res = [0.0 if qx >= px / rho else max(px - qx * factor, 0.0) for px, qx in zip(p, q)]
         return rho, res
 
     def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:

