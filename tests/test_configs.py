@@ -1,0 +1,235 @@
+"""Hydra configs of ``experiments/run.py``: every option of every config group and every experiment
+preset composes against the typed schema (``mdv.sweep.RunConfig``) and passes validation; the presets
+hold the documented grids; a typo (unknown option, unknown key, unknown method in a list) fails at
+compose time naming the valid choices; and bad input on the command line (unknown dataset / method /
+preset, K = 0, top-p outside (0, 1], a negative temperature, a dataset unavailable offline, an
+unwritable results folder) ends with a non-zero exit and no traceback -- one ``error:`` line for the
+value errors -- while ``HYDRA_FULL_ERROR=1`` shows the trace.
+
+The command-line cases run as subprocesses, started together so they overlap (each pays the ~3 s import
+of torch and mdv); the other values and unknown names are covered in-process here and in test_sweep.py.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+import experiments.run  # noqa: F401  (registers the run_schema and the mdv_hydra_dir resolver)
+from mdv.sweep import RunConfig, Task, expand_grid, to_run_config, validate
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+GROUPS = ("method", "models", "dataset", "sampling", "sweep", "logger", "experiment")
+ALL_METHODS = ["ar", "sd", "spectr", "bv", "gbv", "spectr_gbv", "mdbv"]
+ALL_DATASETS = ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def compose_run(overrides: list[str], hydra_cfg: bool = False) -> Any:
+    with initialize_config_dir(version_base=None, config_dir=str(CONF), job_name="test"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra_cfg)
+
+
+def run_config(overrides: list[str]) -> RunConfig:
+    return to_run_config(compose_run(overrides))
+
+
+# ------------------------------------------------------------------------------- composition
+def test_the_groups_hold_the_documented_options() -> None:
+    assert set(options("method")) >= set(ALL_METHODS) | {"all", "lossless", "multi_draft"}
+    assert set(options("models")) >= {"default", "tiny_random", "qwen_coder", "hub"}
+    assert set(options("dataset")) >= set(ALL_DATASETS) | {"all"}
+    assert set(options("experiment")) >= {"smoke", "paper_table", "ablation_k", "ablation_l", "ablation_temp", "theory"}
+    assert set(options("logger")) == {"none", "wandb"}
+    assert set(options("hydra/launcher")) >= {"processes", "slurm"}
+
+
+@pytest.mark.parametrize("override", [f"{g}={o}" for g in GROUPS for o in options(g)])
+def test_every_option_composes_and_validates(override: str) -> None:
+    cfg = run_config([override])
+    assert isinstance(cfg, RunConfig)
+    group, option = override.split("=")
+    if cfg.task == Task.theory:
+        cfg.theory.validate()
+        return
+    validate(cfg)
+    cells = expand_grid(cfg)
+    assert cells and len({c.cell_id for c in cells}) == len(cells)
+    if group == "method" and option in ALL_METHODS:
+        assert [m.value for m in cfg.method.names] == [option]
+    if group == "dataset" and option in ALL_DATASETS:
+        assert [d.value for d in cfg.dataset.names] == [option]
+    if group == "models":
+        assert cfg.models.kind.value == {"default": "default", "tiny_random": "tiny_random", "qwen_coder": "assets",
+                                         "hub": "hub"}.get(option, cfg.models.kind.value)
+        assert "${" not in cfg.models.name  # interpolations resolved into the recorded identity
+
+
+def test_defaults_are_the_smoke_preset_with_tracking_off() -> None:
+    cfg = run_config([])
+    assert cfg.name == "smoke" and cfg.task == Task.sweep and cfg.results_dir == "outputs/smoke"
+    assert cfg.models.kind.value == "default" and cfg.logger.kind.value == "none"
+    assert [m.value for m in cfg.method.names] == ALL_METHODS
+    assert [d.value for d in cfg.dataset.names] == ALL_DATASETS
+    assert cfg.dataset.n_prompts == 3 and cfg.sampling.max_new_tokens == 32 and cfg.sampling.temperatures == [0.4]
+    assert cfg.sweep.K == [3] and cfg.sweep.L == [4]
+    assert len(expand_grid(cfg)) == 35
+
+
+@pytest.mark.parametrize("preset,K,L,T", [
+    ("paper_table", [3], [8, 12], [0.4]),
+    ("ablation_k", [1, 2, 3, 4, 5, 6, 7, 8], [8], [0.4]),
+    ("ablation_l", [3], list(range(2, 13)), [0.4]),
+    ("ablation_temp", [3], [8], [0.0, 0.1, 0.4, 0.7]),
+    ("smoke", [3], [4], [0.4]),
+])
+def test_presets_hold_their_grids(preset: str, K: list[int], L: list[int], T: list[float]) -> None:
+    cfg = run_config([f"experiment={preset}"])
+    assert cfg.name == preset and cfg.results_dir == f"outputs/{preset}"
+    assert cfg.sweep.K == K and cfg.sweep.L == L and cfg.sampling.temperatures == T
+    assert [m.value for m in cfg.method.names] == ALL_METHODS  # ar included: speedups need it
+    if preset in ("paper_table", "smoke"):
+        assert [d.value for d in cfg.dataset.names] == ALL_DATASETS
+    cells = expand_grid(cfg)
+    assert {c.method for c in cells} == set(ALL_METHODS)
+    assert {c.K for c in cells if c.method == "mdbv"} == set(K)
+
+
+def test_theory_preset_points_at_the_oracle_tables() -> None:
+    cfg = run_config(["experiment=theory", "theory.K=[1,2]"])
+    assert cfg.task == Task.theory and cfg.theory.K == [1, 2]
+
+
+def test_command_line_group_choice_beats_the_preset() -> None:
+    cfg = run_config(["experiment=paper_table", "models=tiny_random", "dataset=gsm8k", "sweep.L=[5]"])
+    assert cfg.models.kind.value == "tiny_random" and [d.value for d in cfg.dataset.names] == ["gsm8k"]
+    assert cfg.sweep.L == [5] and cfg.sweep.K == [3]
+
+
+def test_results_dir_is_stable_and_overridable() -> None:
+    assert run_config(["experiment=ablation_k"]).results_dir == "outputs/ablation_k"
+    assert run_config(["results_dir=/data/x"]).results_dir == "/data/x"
+
+
+@pytest.mark.parametrize("launcher,target", [
+    ("basic", "BasicLauncher"), ("processes", "JoblibLauncher"), ("joblib", "JoblibLauncher"),
+    ("slurm", "SlurmLauncher"), ("submitit_slurm", "SlurmLauncher"), ("submitit_local", "LocalLauncher"),
+])
+def test_launchers_compose(launcher: str, target: str) -> None:
+    if launcher in ("processes", "joblib"):
+        pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="hydra-joblib-launcher is not installed")
+    if "slurm" in launcher or "submitit" in launcher:
+        pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed")
+    cfg = compose_run([f"hydra/launcher={launcher}"], hydra_cfg=True)
+    assert cfg.hydra.launcher._target_.endswith(target)
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.timeout_min == 240 and cfg.hydra.launcher.gpus_per_node == 1
+    if launcher == "processes":
+        assert cfg.hydra.launcher.n_jobs == 2
+
+
+def test_default_launcher_is_basic() -> None:
+    cfg = compose_run([], hydra_cfg=True)
+    assert cfg.hydra.launcher._target_.endswith("BasicLauncher")
+
+
+# ------------------------------------------------------------------------------- typos fail at compose time
+@pytest.mark.parametrize("group", GROUPS)
+def test_unknown_option_lists_the_valid_ones(group: str) -> None:
+    with pytest.raises(MissingConfigException) as err:
+        compose_run([f"{group}=no_such_option"])
+    msg = str(err.value)
+    assert f"'{group}/no_such_option'" in msg
+    assert all(o in msg for o in options(group))
+
+
+def test_unknown_method_in_a_list_lists_the_valid_ones() -> None:
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_run(["method.names=[sd,nope]"])
+    msg = f"{err.value} {err.value.__cause__}"
+    assert "nope" in msg and all(m in msg for m in ALL_METHODS)
+
+
+@pytest.mark.parametrize("override", ["sampling.top_pp=0.9", "sweep.k=[1]", "models.vocab=3", "dataset.names=[gsm9k]",
+                                      "sweep.K=[one]"])
+def test_unknown_key_or_wrong_type_fails_at_compose_time(override: str) -> None:
+    with pytest.raises(ConfigCompositionException):
+        compose_run([override])
+
+
+# ------------------------------------------------------------------------------- the command line
+CLI_CASES: dict[str, tuple[list[str], str | None]] = {
+    # name: (overrides, text stderr must contain); None = a compose-time error (Hydra's message)
+    "unknown_dataset": (["dataset=gsm9k"], "Available options in 'dataset'"),
+    "unknown_preset": (["experiment=paper"], "Available options in 'experiment'"),
+    "K0": (["sweep.K=[0]"], "error: sweep.K must be a non-empty list of integers >= 1"),
+    "top_p_high": (["sampling.top_p=1.5"], "error: sampling.top_p must lie in (0, 1]"),
+    "negative_T": (["sampling.temperatures=[-0.4]"], "error: sampling.temperatures must"),
+    "offline_dataset": (["dataset=gsm8k", "dataset.source=hub"], "error: dataset 'gsm8k'"),
+    "unwritable": (["results_dir={blocker}/results"], "error: results_dir"),
+}
+ONE_LINE = ("K0", "top_p_high", "negative_T", "offline_dataset", "unwritable")
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Every CLI case (plus one with HYDRA_FULL_ERROR=1 and a tiny theory run), started together."""
+    tmp = tmp_path_factory.mktemp("cli")
+    blocker = tmp / "a-file"
+    blocker.write_text("not a folder")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    base = [sys.executable, "-m", "experiments.run", "models=tiny_random", "progress=false"]
+    jobs: dict[str, tuple[list[str], dict[str, str]]] = {}
+    for name, (over, _) in CLI_CASES.items():
+        over = [o.format(blocker=blocker) for o in over]
+        jobs[name] = (base + over + ([] if name == "unwritable" else [f"results_dir={tmp / name}"]), env)
+    jobs["full_error"] = (base + ["sweep.K=[0]", f"results_dir={tmp / 'full'}"], {**env, "HYDRA_FULL_ERROR": "1"})
+    jobs["theory"] = (base + ["experiment=theory", "theory.K=[1,2]", "theory.L=[1]", "theory.seeds=[0]",
+                              "theory.temperatures=[1.0]", f"results_dir={tmp / 'theory'}"], env)
+    procs = {name: subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (cmd, e) in jobs.items()}
+    out = {}
+    for name, p in procs.items():
+        stdout, stderr = p.communicate(timeout=600)
+        out[name] = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
+    out["_tmp"] = tmp  # type: ignore[assignment]
+    return out
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_bad_input_is_a_clean_failure(cli, case: str) -> None:
+    proc = cli[case]
+    needle = CLI_CASES[case][1]
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    assert needle in proc.stderr, proc.stderr[-2000:]
+    if case in ONE_LINE:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    else:  # a compose-time error names every valid choice
+        group = needle.split("'")[1]
+        assert all(f"\t{o}" in proc.stderr for o in options(group))
+
+
+def test_bad_input_shows_the_trace_with_hydra_full_error(cli) -> None:
+    proc = cli["full_error"]
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "InvalidInputError" in proc.stderr
+
+
+def test_theory_preset_runs(cli) -> None:
+    proc = cli["theory"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = cli["_tmp"] / "theory"
+    assert (out / "theory.md").is_file() and (out / "theory.csv").is_file()
+    assert len((out / "theory.csv").read_text().strip().splitlines()) > 1

@@ -1,0 +1,429 @@
+"""The sweep runner (mdv.sweep) and its W&B logger (mdv.tracking), on the tiny random pair.
+
+* grid expansion: AR once per (dataset, T, seed) with K = L = None, single-draft verifiers at K = 1,
+  cell ids unique and sensitive to every config field;
+* a sweep writes one strict-JSON file per cell with every field of the ``mdv.cell/1`` contract, and
+  no temp file stays behind;
+* resume: after an interrupted sweep (KeyboardInterrupt in the middle), after deleting one cell file,
+  with a truncated temp file or a truncated cell file left behind, a rerun computes exactly the
+  missing cells, leaves finished files untouched, and loads no model when nothing is pending;
+* a failing cell is recorded (status "failed", its error) and the sweep goes on; the rerun retries it;
+* an unwritable results folder, an unavailable dataset or missing models fail before any cell runs;
+* the W&B logger writes an offline run (WANDB_MODE=offline, WANDB_DIR in tmp_path) with the summary table;
+* a tiny Hydra multirun (``python -m experiments.run -m ...``, a subprocess) runs end to end.
+
+The prompts come from :func:`stub_prompts` / :func:`stub_format` (a tiny in-test dataset), so these
+tests need no dataset files; ``test_real_formatter_with_tiny_tokenizer`` checks the real
+``mdv.data.format_prompt`` on the tiny tokenizer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import mdv.sweep as sweep
+from mdv.errors import InvalidInputError, MissingAssetError
+from mdv.sweep import (Cell, ModelKind, ModelsGroup, RunConfig, TinyTokenizer, build_tiny_random_pair, cell_path,
+                       expand_grid, read_cell, run_sweep)
+
+REPO = Path(__file__).resolve().parent.parent
+TOP_KEYS = {"schema", "cell_id", "status", "error", "config", "dataset", "models", "environment", "generations",
+            "summary", "wall_seconds"}
+CONFIG_KEYS = {"method", "K", "L", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "dataset", "n_prompts",
+               "models", "warmup_prompts"}
+ENV_KEYS = {"cpu", "threads", "torch", "transformers", "dtype", "device", "mdv", "python", "timestamp"}
+GEN_KEYS = {"prompt_index", "prompt_id", "stats", "text"}
+
+
+# ------------------------------------------------------------------------------- a tiny in-test dataset
+def stub_prompts(name: str, n: int, source: str = "auto") -> SimpleNamespace:
+    """A PromptSet-like stand-in for mdv.data.load_prompts (importable as tests.test_sweep:stub_prompts)."""
+    prompts = [SimpleNamespace(id=f"{name}/{i}", text=f"{name} problem {i}: add {i} and {i + 1}.") for i in range(n)]
+    return SimpleNamespace(name=f"{name}-stub", label=f"{name}-stub (test fixture; stand-in)", source="stand-in",
+                           size=len(prompts), prompts=prompts)
+
+
+def stub_format(prompt: Any, tokenizer: Any) -> list[int]:
+    """Token ids of a stub prompt (tests.test_sweep:stub_format)."""
+    return tokenizer.encode(prompt.text)
+
+
+def unavailable_prompts(name: str, n: int, source: str = "auto") -> SimpleNamespace:
+    raise ConnectionError("the hub is unreachable\nsecond line of detail")
+
+
+def tiny_config(results_dir: Path, **over: Any) -> RunConfig:
+    cfg = RunConfig()
+    cfg.name = "test"
+    cfg.results_dir = str(results_dir)
+    cfg.progress = False
+    cfg.models = ModelsGroup(kind=ModelKind.tiny_random, name="tiny_random-s0", device="cpu")
+    cfg.method.names = ["ar", "sd", "mdbv"]
+    cfg.dataset.names = ["humaneval", "gsm8k"]
+    cfg.dataset.n_prompts = 2
+    cfg.sampling.max_new_tokens = 6
+    cfg.sweep.K, cfg.sweep.L = [2], [3]
+    for k, v in over.items():
+        obj = cfg
+        *path, last = k.split(".")
+        for p in path:
+            obj = getattr(obj, p)
+        setattr(obj, last, v)
+    return cfg
+
+
+def run(cfg: RunConfig, **kw: Any) -> sweep.SweepReport:
+    return run_sweep(cfg, loader=kw.pop("loader", stub_prompts), formatter=kw.pop("formatter", stub_format), **kw)
+
+
+def snapshot(results_dir: Path) -> dict[str, tuple[int, bytes]]:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted((results_dir / "cells").glob("*.json"))}
+
+
+def _strict(path: Path) -> dict[str, Any]:
+    def bad(c: str) -> None:
+        raise AssertionError(f"{path.name} holds the non-JSON constant {c}")
+
+    return json.loads(path.read_text(), parse_constant=bad)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """One finished sweep (6 cells), shared read-only by the tests that only inspect it."""
+    out = tmp_path_factory.mktemp("finished")
+    report = run(tiny_config(out))
+    assert len(report.ok) == 6 and not report.failed
+    return out
+
+
+# ------------------------------------------------------------------------------- grid
+def test_grid_expansion_collapses_ar_and_single_draft_axes() -> None:
+    cfg = RunConfig()
+    cfg.method.names = ["ar", "sd", "bv", "mdbv"]
+    cfg.dataset.names = ["humaneval"]
+    cfg.sweep.K, cfg.sweep.L = [1, 3], [2, 4]
+    cells = expand_grid(cfg)
+    by = {(c.method, c.K, c.L) for c in cells}
+    assert by == {("ar", None, None), ("sd", 1, 2), ("sd", 1, 4), ("bv", 1, 2), ("bv", 1, 4),
+                  ("mdbv", 1, 2), ("mdbv", 1, 4), ("mdbv", 3, 2), ("mdbv", 3, 4)}
+    assert len(cells) == len(by)
+    assert cells[0].method == "ar"  # the baseline first, next to the methods it pairs with
+    ids = [c.cell_id for c in cells]
+    assert len(set(ids)) == len(ids)
+    assert ids[0].startswith("humaneval__ar__T0.4__s0__")
+    assert any(i.startswith("humaneval__mdbv__K3_L4_T0.4__s0__") for i in ids)
+
+
+def test_smoke_grid_has_every_method_and_dataset() -> None:
+    cells = expand_grid(RunConfig())  # the schema defaults are the smoke preset's grid
+    assert len(cells) == 5 * 7
+    assert {c.method for c in cells} == {"ar", "sd", "spectr", "bv", "gbv", "spectr_gbv", "mdbv"}
+    assert {c.dataset for c in cells} == {"gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"}
+    multi = {c.K for c in cells if c.method in ("spectr", "spectr_gbv", "mdbv")}
+    assert multi == {3} and {c.K for c in cells if c.method in ("sd", "bv", "gbv")} == {1}
+
+
+def test_cell_id_depends_on_every_config_field() -> None:
+    base = Cell(dataset="gsm8k", method="sd", K=1, L=4, temperature=0.4, top_k=None, top_p=None, max_new_tokens=32,
+                seed=0, n_prompts=3, models="default")
+    changes = {"dataset": "humaneval", "method": "bv", "K": 2, "L": 5, "temperature": 0.7, "top_k": 5, "top_p": 0.9,
+               "max_new_tokens": 16, "seed": 1, "n_prompts": 4, "models": "other", "dataset_source": "hub",
+               "warmup_prompts": 2}
+    ids = {base.cell_id}
+    for k, v in changes.items():
+        ids.add(dataclasses.replace(base, **{k: v}).cell_id)
+    assert len(ids) == 1 + len(changes)
+    assert base.cell_id == Cell(**dataclasses.asdict(base)).cell_id  # deterministic
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("sweep.K", [0], "sweep.K"), ("sweep.L", [2, -1], "sweep.L"), ("sampling.top_p", 1.5, "top_p"),
+    ("sampling.top_p", 0.0, "top_p"), ("sampling.temperatures", [-0.1], "temperatures"),
+    ("sampling.max_new_tokens", 0, "max_new_tokens"), ("dataset.n_prompts", 0, "n_prompts"),
+    ("method.names", [], "method"), ("dataset.source", "cloud", "dataset.source"),
+])
+def test_bad_grid_values_raise_before_any_work(tmp_path: Path, key: str, value: Any, needle: str) -> None:
+    calls: list[str] = []
+
+    def loader(name: str, n: int, source: str = "auto") -> Any:
+        calls.append(name)
+        return stub_prompts(name, n, source)
+
+    with pytest.raises(InvalidInputError, match=needle):
+        run(tiny_config(tmp_path / "r", **{key: value}), loader=loader)
+    assert calls == [] and not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------------------- the cell files
+def test_sweep_writes_contract_files(finished: Path) -> None:
+    files = sorted((finished / "cells").glob("*.json"))
+    assert len(files) == 6
+    assert not [p for p in (finished / "cells").iterdir() if p.name.startswith(".")]  # no temp file left
+    methods = set()
+    for path in files:
+        rec = _strict(path)
+        assert set(rec) == TOP_KEYS
+        assert rec["schema"] == "mdv.cell/1" and rec["status"] == "ok" and rec["error"] is None
+        assert path.name == rec["cell_id"] + ".json"
+        assert CONFIG_KEYS <= set(rec["config"]) and rec["config"]["warmup_prompts"] == 1
+        assert set(rec["dataset"]) >= {"name", "label", "source", "size"}
+        assert rec["dataset"]["source"] == "stand-in" and rec["dataset"]["size"] == 2
+        assert rec["models"]["target"].startswith("tiny-random-llama") and rec["models"]["draft"]
+        assert set(rec["environment"]) == ENV_KEYS
+        gens = rec["generations"]
+        assert [g["prompt_index"] for g in gens] == [0, 1]
+        assert all(set(g) == GEN_KEYS for g in gens)
+        assert gens[1]["prompt_id"] == f"{rec['config']['dataset']}/1"
+        for g in gens:
+            st = g["stats"]
+            assert 1 <= st["new_tokens"] <= 6 and isinstance(g["text"], str)
+            assert st["method"] == rec["config"]["method"] and st["max_new_tokens"] == 6
+            if rec["config"]["method"] == "ar":
+                assert st["target_calls"] == st["new_tokens"]
+            else:
+                assert st["target_calls"] == len(st["accepted_lengths"]) >= 1
+        s = rec["summary"]
+        assert s["n_generations"] == 2 and s["method"] == rec["config"]["method"]
+        assert s["new_tokens"] == sum(g["stats"]["new_tokens"] for g in gens)
+        assert rec["wall_seconds"] > 0
+        methods.add((rec["config"]["method"], rec["config"]["K"], rec["config"]["L"]))
+        if rec["config"]["method"] == "ar":
+            assert s["block_efficiency_mean"] == 1.0 and rec["config"]["K"] is None
+            assert s["block_efficiency_ci95"] == 0.0 or s["block_efficiency_ci95"] is None
+        else:
+            assert 1.0 <= s["block_efficiency_mean"] <= rec["config"]["L"] + 1
+    assert methods == {("ar", None, None), ("sd", 1, 3), ("mdbv", 2, 3)}
+
+
+def test_same_config_gives_same_tokens(finished: Path, tmp_path: Path) -> None:
+    """The tiny pair and the per-prompt seeds are deterministic: a second sweep reproduces the tokens."""
+    sweep.reset_model_cache()
+    run(tiny_config(tmp_path, **{"dataset.names": ["gsm8k"]}))
+    for path in (tmp_path / "cells").glob("*.json"):
+        a, b = read_cell(path), read_cell(finished / "cells" / path.name)
+        assert b is not None and a is not None
+        assert [g["stats"]["accepted_lengths"] for g in a["generations"]] == \
+               [g["stats"]["accepted_lengths"] for g in b["generations"]]
+        assert [g["text"] for g in a["generations"]] == [g["text"] for g in b["generations"]]
+
+
+# ------------------------------------------------------------------------------- resume
+def test_resume_after_interruption_recomputes_nothing_and_loses_nothing(tmp_path: Path, monkeypatch) -> None:
+    cfg = tiny_config(tmp_path)
+    real_run_cell = sweep.run_cell
+    calls: list[str] = []
+
+    def interrupting(cell: Cell, *a: Any, **k: Any) -> Any:
+        calls.append(cell.cell_id)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of the 4th cell
+        return real_run_cell(cell, *a, **k)
+
+    monkeypatch.setattr(sweep, "run_cell", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    before = snapshot(tmp_path)
+    assert len(before) == 3  # the interrupted cell left no file
+
+    calls.clear()
+    report = run(cfg)
+    assert len(report.skipped) == 3 and len(report.ok) == 3 and not report.failed
+    assert sorted(calls) == sorted(report.ok) and set(calls).isdisjoint(report.skipped)
+    after = snapshot(tmp_path)
+    assert len(after) == 6
+    assert {k: after[k] for k in before} == before  # finished files untouched (bytes and mtime)
+
+
+def test_rerun_runs_only_the_deleted_cell_and_ignores_leftovers(tmp_path: Path, monkeypatch) -> None:
+    cfg = tiny_config(tmp_path)
+    first = run(cfg)
+    cells = tmp_path / "cells"
+    deleted, truncated = first.ok[2], first.ok[4]
+    (cells / f"{deleted}.json").unlink()
+    # a write interrupted half-way leaves a temp file; a torn cell file must not count as finished either
+    (cells / f".{deleted}.json.99999.tmp").write_text('{"schema": "mdv.cell/1", "cell_id": "' + deleted + '", "sta')
+    (cells / f"{truncated}.json").write_text('{"schema": "mdv.cell/1", "status": "ok", "gen')
+    before = snapshot(tmp_path)
+
+    ran: list[str] = []
+    real_run_cell = sweep.run_cell
+    monkeypatch.setattr(sweep, "run_cell", lambda cell, *a, **k: (ran.append(cell.cell_id), real_run_cell(cell, *a, **k))[1])
+    report = run(cfg)
+    assert sorted(ran) == sorted([deleted, truncated]) == sorted(report.ok)
+    assert len(report.skipped) == 4
+    after = snapshot(tmp_path)
+    assert set(after) == set(before) | {f"{deleted}.json"}
+    assert {k: v for k, v in after.items() if k not in (f"{deleted}.json", f"{truncated}.json")} == \
+           {k: v for k, v in before.items() if k != f"{truncated}.json"}
+    assert read_cell(cells / f"{truncated}.json")["status"] == "ok"
+    assert (cells / f".{deleted}.json.99999.tmp").exists()  # ignored, never read as a result
+
+
+def test_finished_sweep_loads_no_model_and_no_dataset(finished: Path, monkeypatch) -> None:
+    def boom(*a: Any, **k: Any) -> Any:
+        raise AssertionError("nothing is pending: nothing must be loaded")
+
+    monkeypatch.setattr(sweep, "load_models", boom)
+    before = snapshot(finished)
+    report = run_sweep(tiny_config(finished), loader=boom, formatter=boom)
+    assert len(report.skipped) == 6 and not report.ok and not report.failed
+    assert snapshot(finished) == before
+
+
+# ------------------------------------------------------------------------------- failures
+def test_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path: Path, monkeypatch) -> None:
+    import mdv.engine
+
+    real_generate = mdv.engine.generate
+
+    def flaky(target: Any, draft: Any, ids: Any, method: str, **kw: Any) -> Any:
+        if method == "sd":
+            raise RuntimeError("boom: sd is broken today")
+        return real_generate(target, draft, ids, method, **kw)
+
+    monkeypatch.setattr(mdv.engine, "generate", flaky)
+    cfg = tiny_config(tmp_path)
+    report = run(cfg)
+    assert len(report.failed) == 2 and len(report.ok) == 4
+    assert all("__sd__" in c for c in report.failed)
+    for cid in report.failed:
+        rec = _strict(cell_path(tmp_path, cid))
+        assert set(rec) == TOP_KEYS
+        assert rec["status"] == "failed" and "RuntimeError: boom: sd is broken today" in rec["error"]
+        assert rec["generations"] == [] and rec["summary"] == {}
+    # the failed cells are retried on the next run, the finished ones are not
+    monkeypatch.setattr(mdv.engine, "generate", real_generate)
+    again = run(cfg)
+    assert sorted(again.ok) == sorted(report.failed) and len(again.skipped) == 4
+    assert all(read_cell(cell_path(tmp_path, c))["status"] == "ok" for c in report.failed)
+
+
+def test_unwritable_results_dir_fails_before_any_work(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    calls: list[str] = []
+
+    def loader(name: str, n: int, source: str = "auto") -> Any:
+        calls.append(name)
+        return stub_prompts(name, n, source)
+
+    with pytest.raises(InvalidInputError, match="results_dir .* is not writable"):
+        run(tiny_config(blocker / "results"), loader=loader)
+    assert calls == []
+
+
+def test_unavailable_dataset_fails_before_any_model_loads(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(sweep, "load_models", lambda *a, **k: pytest.fail("models loaded before datasets"))
+    with pytest.raises(MissingAssetError, match=r"dataset 'humaneval' .* unavailable: ConnectionError") as err:
+        run(tiny_config(tmp_path), loader=unavailable_prompts)
+    assert "\n" not in str(err.value)
+    assert list((tmp_path / "cells").glob("*.json")) == []
+
+
+def test_missing_models_fail_before_any_cell(tmp_path: Path) -> None:
+    from mdv import assets
+
+    if assets.is_available("qwen2.5-coder-1.5b-instruct"):
+        pytest.skip("the optional Qwen2.5-Coder asset is present here; this test needs it absent")
+    cfg = tiny_config(tmp_path)
+    cfg.models = ModelsGroup(kind=ModelKind.assets, name="qwen", target="qwen2.5-coder-1.5b-instruct",
+                             draft="qwen2.5-coder-0.5b-instruct")
+    with pytest.raises(MissingAssetError, match="python -m mdv.assets fetch qwen2.5-coder-1.5b-instruct"):
+        run(cfg)
+    assert list((tmp_path / "cells").glob("*.json")) == []
+
+
+# ------------------------------------------------------------------------------- tiny pair, tokenizer
+def test_tiny_random_pair_is_deterministic_and_shares_a_vocabulary() -> None:
+    t1, d1, tok = build_tiny_random_pair(64, seed=3)
+    t2, d2, _ = build_tiny_random_pair(64, seed=3)
+    t3, _, _ = build_tiny_random_pair(64, seed=4)
+    assert t1.vocab_size == d1.vocab_size == tok.vocab_size == 64
+    for a, b in zip(t1.model.parameters(), t2.model.parameters()):
+        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(d1.model.parameters(), d2.model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(t1.model.parameters(), d1.model.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(t1.model.parameters(), t3.model.parameters()))
+    ids = tok.encode("héllo")
+    assert ids[0] == tok.bos_token_id and all(3 <= i < 64 for i in ids[1:]) and len(ids) == 1 + len("héllo".encode())
+    assert len(tok.decode(ids)) == len(ids) - 1
+
+
+def test_real_formatter_with_tiny_tokenizer() -> None:
+    data = pytest.importorskip("mdv.data", reason="mdv.data (datasets) is not in this checkout")
+    tok = TinyTokenizer(64)
+    for kind in ("math", "code", "chat", "text"):
+        ids = data.format_prompt(data.Prompt(id="x/0", text="What is 2 + 3?", kind=kind), tok)
+        assert ids and all(isinstance(i, int) and 0 <= i < 64 for i in ids)
+
+
+# ------------------------------------------------------------------------------- W&B
+def test_wandb_logger_writes_an_offline_run(finished: Path, tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("wandb", reason="wandb is not installed")
+    from mdv.tracking import WandbTracker, make_tracker
+    from mdv.sweep import LoggerGroup, LoggerKind
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    tracker = make_tracker(LoggerGroup(kind=LoggerKind.wandb, project="mdv-test"), "test-run")
+    assert isinstance(tracker, WandbTracker) and tracker.mode == "offline"
+    cfg = tiny_config(finished)
+    report = run_sweep(cfg, tracker)  # everything is done: the resumed cells are logged all the same
+    assert len(report.skipped) == 6
+    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    assert len(runs) == 1
+    assert glob.glob(os.path.join(runs[0], "run-*.wandb"))
+    tables = glob.glob(os.path.join(runs[0], "files", "media", "table", "summary_table*.json"))
+    assert len(tables) == 1
+    table = json.loads(Path(tables[0]).read_text())
+    assert len(table["data"]) == 6
+    col = table["columns"]
+    rows = {r[col.index("cell_id")]: r for r in table["data"]}
+    assert set(rows) == set(report.skipped)
+    for cid, r in rows.items():
+        summary = read_cell(cell_path(finished, cid))["summary"]
+        assert r[col.index("block_efficiency_mean")] == pytest.approx(summary["block_efficiency_mean"])
+        speed = r[col.index("speedup_decode_mean")]
+        assert speed is not None and speed > 0  # every method pairs with its AR cell
+
+
+def test_logger_none_is_the_default() -> None:
+    from mdv.tracking import NullTracker, make_tracker
+
+    assert isinstance(make_tracker(RunConfig().logger), NullTracker)
+
+
+# ------------------------------------------------------------------------------- Hydra multirun, end to end
+def test_tiny_multirun_end_to_end(tmp_path: Path) -> None:
+    """Two datasets x two draft lengths as four Hydra jobs (basic launcher) into one results folder.
+    The AR cell of a dataset is computed by the first job and skipped by the second."""
+    results = tmp_path / "results"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "-m", "experiments.run", "-m", "experiment=smoke", "models=tiny_random",
+           "method=lossless", "dataset=humaneval,gsm8k", "sweep.L=[2],[3]", "sweep.K=[2]", "dataset.n_prompts=2",
+           "sampling.max_new_tokens=5", "dataset.loader=tests.test_sweep:stub_prompts",
+           "dataset.formatter=tests.test_sweep:stub_format", "threads=1", "progress=false",
+           f"results_dir={results}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    files = sorted((results / "cells").glob("*.json"))
+    # per dataset: 1 AR + (sd, bv, gbv at K = 1; spectr, mdbv at K = 2) x L in {2, 3}
+    assert len(files) == 2 * (1 + 5 * 2)
+    recs = [_strict(p) for p in files]
+    assert all(set(r) == TOP_KEYS and r["status"] == "ok" for r in recs)
+    assert {r["config"]["dataset"] for r in recs} == {"humaneval", "gsm8k"}
+    assert {r["config"]["L"] for r in recs} == {None, 2, 3}
+    assert proc.stdout.count("already done") == 4 and "1 already done" in proc.stdout  # AR reused by job 2
+    assert len(list((results / "hydra").glob("multirun_*/[0-3]/.hydra/config.yaml"))) == 4
