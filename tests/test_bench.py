@@ -1,0 +1,246 @@
+"""The benchmarks of ``experiments/bench`` run end to end at tiny sizes (a tiny random model pair, tiny
+grids): every record has the documented fields, its ratios are finite, and the tree-attention pass scores
+what the K full rows score.  No timing is asserted: speed is only ever reported."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mdv import bench
+from mdv.bench import (E2EBench, MemoryBench, OracleBench, PairKind, TargetPassBench, TinyPair, VerifierBench,
+                       draft_tree, interleaved, largest_size, spread, write_json)
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = TinyPair(vocab_size=32, hidden_size=16, num_layers=1, seed=0)
+ENV_KEYS = {"cpu", "logical_cores", "threads", "torch", "transformers", "dtype", "device", "mdv", "python",
+            "loadavg_1_5_15", "timestamp"}
+RECORD_KEYS = {"schema", "benchmark", "status", "reason", "config", "environment", "results", "summary", "goals",
+               "wall_seconds", "note"}
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    return bench.load_pair(torch.device("cpu"), PairKind.tiny_random, TINY)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _check_spread(s: dict, n: int, positive: bool = True) -> None:
+    assert s["n"] == n
+    assert all(_finite(s[k]) for k in ("median", "min", "max")), s
+    assert s["min"] <= s["median"] <= s["max"]
+    if positive:
+        assert s["min"] > 0
+
+
+def _check_record(rec: dict, name: str, tmp_path: Path) -> dict:
+    assert RECORD_KEYS <= set(rec), set(rec) ^ RECORD_KEYS
+    assert rec["schema"] == bench.SCHEMA and rec["benchmark"] == name and rec["status"] == "ok"
+    assert ENV_KEYS <= set(rec["environment"])
+    assert rec["environment"]["threads"] == torch.get_num_threads()
+    for g in rec["goals"]:
+        assert {"goal", "value", "limit", "met"} <= set(g)
+    # strict JSON round trip (NaN would become null)
+    path = write_json(tmp_path / f"bench_{name}.json", rec)
+    back = json.loads(path.read_text())
+    assert back["benchmark"] == name
+    return back
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def test_spread_and_interleaving() -> None:
+    assert spread([3.0, 1.0, 2.0, float("nan")]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert spread([])["n"] == 0 and math.isnan(spread([])["median"])
+    calls: list[str] = []
+    fns = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    times = interleaved(fns, repeats=3, warmup=1)
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3, "c": 3}
+    # warm-up round in order, then one call each per round in a rotated order
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab")
+
+
+def test_largest_size_respects_the_ceiling() -> None:
+    assert largest_size(4, 3, 3, lambda K, L: 4 ** (K * L) <= 300_000) == (3, 3)
+    assert largest_size(5, 3, 3, lambda K, L: 5 ** (K * L) <= 300_000) in {(3, 2), (2, 3)}
+    assert largest_size(5, 3, 3, lambda K, L: 5 ** (K * L) <= 300_000, multi_draft=False) == (1, 3)
+    assert largest_size(3, 3, 3, lambda K, L: False) is None
+
+
+def test_draft_tree_scores_each_prefix_once() -> None:
+    drafts = torch.tensor([[5, 6, 7], [5, 6, 8], [9, 1, 2]])
+    ids, depth, parent, node_of = draft_tree(4, drafts)
+    assert ids[0] == 4 and depth[0] == 0 and parent[0] == -1
+    assert len(ids) == 1 + 3 + 1 + 3  # root, (5, 5.6, 5.6.7), 5.6.8, (9, 9.1, 9.1.2)
+    assert node_of[0, 2] == node_of[1, 2] and node_of[0, 3] != node_of[1, 3]
+    for k in range(3):
+        for i in range(1, 4):
+            n = int(node_of[k, i])
+            assert ids[n] == int(drafts[k, i - 1]) and depth[n] == i and parent[n] == int(node_of[k, i - 1])
+
+
+# ------------------------------------------------------------------------------------------ benchmarks
+def test_verifier_benchmark_tiny(tiny_pair, tmp_path) -> None:
+    cfg = VerifierBench(methods=["sd", "gbv", "spectr", "spectr_gbv", "mdbv"], vocab_sizes=[16], K=[1, 2], L=[2, 3],
+                        repeats=2, warmup=1, device="cpu", step_context=4, step_calls=1, goal_V=16, goal_K=2, goal_L=3)
+    rec = _check_record(bench.run_verifier(cfg, target=tiny_pair[0]), "verifier", tmp_path)
+    cells = {(r["V"], r["K"], r["L"], r["method"]) for r in rec["results"]}
+    # single-draft methods only at K = 1; multi-draft methods at every K
+    assert cells == {(16, K, L, m) for L in (2, 3) for K, ms in ((1, ("sd", "gbv", "spectr", "spectr_gbv", "mdbv")),
+                                                                 (2, ("spectr", "spectr_gbv", "mdbv"))) for m in ms}
+    for r in rec["results"]:
+        _check_spread(r["ms"], 2)
+        _check_spread(r["step_fraction"], 2)
+        if r["method"] != "spectr":
+            _check_spread(r["vs_spectr"], 2)
+    _check_spread(rec["summary"]["target_step_ms"], 2)
+    assert {g["met"] for g in rec["goals"]} <= {True, False}  # every goal measured
+    assert any("spectr_gbv verification" in g["goal"] for g in rec["goals"])
+
+
+def test_verifier_benchmark_without_a_target_reports_no_fraction(tmp_path) -> None:
+    cfg = VerifierBench(methods=["sd"], vocab_sizes=[8], K=[1], L=[2], repeats=1, warmup=0, device="cpu",
+                        target_step=False)
+    rec = bench.run_verifier(cfg)
+    assert rec["results"][0]["step_fraction"]["n"] == 0  # no yardstick: no ratio, and no made-up number
+    assert rec["summary"]["target_step_reason"] == "verifier.target_step=false"
+    assert rec["goals"][0]["met"] is None
+    _check_spread(rec["results"][0]["ms"], 1)
+
+
+def test_synthetic_block_is_valid_with_drafted_q_positive() -> None:
+    gen = torch.Generator().manual_seed(0)
+    block = bench.synthetic_block(50, 3, 4, generator=gen)
+    assert block.tokens.shape == (1, 3, 4) and block.q.shape == (1, 3, 4, 50) and block.p.shape == (1, 3, 5, 50)
+    assert (block.q.gather(-1, block.tokens.unsqueeze(-1)) > 0).all()
+    assert torch.equal(block.q[0, 0, 0], block.q[0, 2, 0])  # one context: the first laws are shared
+
+
+def test_target_pass_benchmark_tiny(tiny_pair, tmp_path) -> None:
+    cfg = TargetPassBench(pair=PairKind.tiny_random, K=3, L=3, context=6, shared=1, repeats=2, warmup=1)
+    rec = _check_record(bench.run_target_pass(cfg, target=tiny_pair[0]), "target_pass", tmp_path)
+    res = rec["results"]
+    assert res["tree_nodes"] == 1 + 1 + 3 * 2  # pending, the shared first token, 2 more per draft
+    for key in ("k_rows_vs_single", "tree_vs_single", "tree_vs_k_rows", "fork_keep_vs_single"):
+        _check_spread(res[key], 2)
+    # the tree-attention pass scores exactly what the K full rows score (float32 rounding aside)
+    assert res["tree_max_abs_logit_diff"] < 1e-3
+
+
+def test_e2e_benchmark_tiny(tiny_pair, tmp_path) -> None:
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=4, temperatures=[0.0, 0.4],
+                   methods=["sd", "spectr"], K=[1, 2], L=[2], goal_temperature=0.4)
+    rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
+    cells = {(r["temperature"], r["method"], r["K"], r["L"]) for r in rec["results"]}
+    assert cells == {(T, m, K, L) for T in (0.0, 0.4) for m, K, L in
+                     (("ar", None, None), ("sd", 1, 2), ("spectr", 1, 2), ("spectr", 2, 2))}
+    for r in rec["results"]:
+        assert r["n_timed_prompts"] == 2  # prompt 0 is the warm-up
+        _check_spread(r["speedup"], 2)
+        _check_spread(r["tokens_per_second"], 2)
+        if r["method"] == "ar":
+            assert r["speedup"]["median"] == 1.0 and r["block_efficiency"] == 1.0
+        else:
+            assert 1.0 <= r["block_efficiency"] <= r["L"] + 1
+        split = r["time_split"]
+        assert all(_finite(v) and v >= 0 for v in split.values()) and sum(split.values()) == pytest.approx(1.0)
+    assert rec["summary"]["prompts"].startswith("fixed list")
+    assert [g["met"] is not None for g in rec["goals"]] == [True, True]  # best setting and sd at its best L
+
+
+def test_oracle_benchmark_tiny(tmp_path) -> None:
+    cfg = OracleBench(vocab_sizes=[2], max_K=2, max_L=2, methods=["sd", "mdbv"], exact_law_max_tuples=16,
+                      mc_V=2, mc_K=2, mc_L=2, mc_trials=3000, mc_repeats=2)
+    rec = _check_record(bench.run_oracle(cfg), "oracle", tmp_path)
+    exact = {(r["function"], r["method"]): r for r in rec["results"]["exact"]}
+    assert set(exact) == {("iteration_law", "sd"), ("iteration_law", "mdbv"), ("exact_law", "sd"),
+                          ("exact_law", "mdbv"), ("lp_valid", "-"), ("lp_greedy", "-")}
+    assert (exact[("iteration_law", "mdbv")]["K"], exact[("iteration_law", "mdbv")]["L"]) == (2, 2)
+    assert exact[("iteration_law", "sd")]["K"] == 1
+    assert all(_finite(r["seconds"]) and r["seconds"] >= 0 for r in exact.values())
+    mc = {r["method"]: r for r in rec["results"]["monte_carlo"]}
+    assert set(mc) == {"sd", "mdbv"} and mc["mdbv"]["K"] == 2 and mc["sd"]["K"] == 1
+    for r in mc.values():
+        _check_spread(r["trials_per_second"], 2)
+
+
+def test_memory_benchmark_tiny(tiny_pair, tmp_path) -> None:
+    cfg = MemoryBench(pair=PairKind.tiny_random, method="mdbv", K=2, L=3, n_prompts=4, max_new_tokens=3,
+                      warmup_prompts=1, tensor_count_every=2, datasets=[])
+    rec = _check_record(bench.run_memory(cfg, pair=tiny_pair), "memory", tmp_path)
+    res = rec["results"]
+    assert res["peak_rss_mib"] > 0 and _finite(res["rss_growth_mib"]) and _finite(res["rss_slope_mib_per_prompt"])
+    assert _finite(res["rss_endpoint_growth_mib"])
+    assert len(res["rss_mib_per_prompt"]) == 4
+    assert [i for i, _ in res["live_tensors"]] == [1, 2, 4] and all(n > 0 for _, n in res["live_tensors"])
+    assert res["live_tensor_growth"] is not None
+
+
+def test_rss_trend_separates_noise_from_a_leak() -> None:
+    noisy = [1200.0 + (40.0 if i % 7 == 0 else 0.0) for i in range(40)]  # allocator swings, no trend
+    growth, slope = bench.rss_trend(noisy)
+    assert abs(growth) < 1.0 and abs(slope) < 0.5
+    leak = [1200.0 + 2.0 * i for i in range(40)]  # 2 MiB per prompt
+    growth, slope = bench.rss_trend(leak)
+    assert slope == pytest.approx(2.0) and growth == pytest.approx(2.0 * 30)
+    assert math.isnan(bench.rss_trend([1.0])[0])
+
+
+def test_missing_default_pair_is_skipped_with_a_reason(monkeypatch) -> None:
+    monkeypatch.setattr(bench, "_pair_available", lambda pair: (False, "draft files missing"))
+    rec = bench.run_e2e(E2EBench())
+    assert rec["status"] == "skipped" and "draft files missing" in rec["reason"]
+
+
+def test_prompt_ids_cycle_and_label(tiny_pair) -> None:
+    tok = tiny_pair[2]
+    ids, label = bench.prompt_ids(tok, [], 12)
+    assert len(ids) == 12 and ids[10] == ids[0] and label.startswith("fixed list")
+    assert all(isinstance(t, int) for t in ids[3])
+
+
+# ------------------------------------------------------------------------------------------ entry point
+def _run_entry(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
+    return subprocess.run([sys.executable, "-m", "experiments.bench", *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_entry_point_runs_every_benchmark_at_tiny_sizes(tmp_path) -> None:
+    out = tmp_path / "run"
+    proc = _run_entry(
+        f"hydra.run.dir={out}", "threads=1", "tiny.vocab_size=32", "tiny.hidden_size=16", "tiny.num_layers=1",
+        "verifier.methods=[sd,spectr]", "verifier.vocab_sizes=[16]", "verifier.K=[1,2]", "verifier.L=[2]",
+        "verifier.repeats=1", "verifier.step_pair=tiny_random", "verifier.step_context=4", "verifier.step_calls=1",
+        "verifier.device=cpu",
+        "target_pass.pair=tiny_random", "target_pass.K=2", "target_pass.L=2", "target_pass.context=4",
+        "target_pass.repeats=1",
+        "e2e.pair=tiny_random", "e2e.datasets=[]", "e2e.n_prompts=2", "e2e.max_new_tokens=2", "e2e.methods=[sd]",
+        "e2e.K=[1]", "e2e.L=[2]",
+        "oracle.vocab_sizes=[2]", "oracle.max_K=1", "oracle.max_L=2", "oracle.methods=[sd]", "oracle.mc_V=2",
+        "oracle.mc_K=1", "oracle.mc_L=2", "oracle.mc_trials=500", "oracle.mc_repeats=1",
+        "memory.pair=tiny_random", "memory.K=2", "memory.L=2", "memory.n_prompts=3", "memory.max_new_tokens=2",
+        "memory.warmup_prompts=1", "memory.datasets=[]")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("verifier", "target_pass", "e2e", "oracle", "memory"):
+        rec = json.loads((out / f"bench_{name}.json").read_text())
+        assert rec["benchmark"] == name and rec["status"] == "ok" and rec["environment"]["threads"] == 1
+        assert f"### " in proc.stdout  # the tables were printed
+
+
+@pytest.mark.parametrize("override, needle", [("benchmarks=[verifer]", "expected one of"),
+                                              ("verifier.mehtods=[sd]", "mehtods"),
+                                              ("verifier.methods=[sdd]", "unknown method 'sdd'")])
+def test_bad_configuration_fails_in_one_clear_line(override: str, needle: str, tmp_path) -> None:
+    proc = _run_entry(f"hydra.run.dir={tmp_path}", override, timeout=120)
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
