@@ -34,8 +34,9 @@ Multirun (``-m``): every job runs its own slice of the grid, all into one result
 (``partition``, ``account``, ``qos``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``timeout_min``,
 ``array_parallelism``, ``setup``); the submitting shell waits for the jobs and the logs land under
 ``<results_dir>/hydra/multirun_*/.submitit``.  A job that dies or times out loses only its unfinished
-cell: resubmit the same command and finished cells are skipped.  Overlapping slices would compute a
-cell twice (the last write wins, both are complete): give each job a disjoint slice.
+cell: resubmit the same command and finished cells are skipped.  Overlapping slices are safe: a per-cell
+lock (``flock``) lets one job compute each cell and the others report it as busy (rerun to pick up cells
+whose owner died); on filesystems without locks, give each job a disjoint slice.
 
 Bad input (unknown option, K = 0, top-p outside (0, 1], a dataset unavailable offline, an unwritable
 results folder): one line on stderr and a non-zero exit; ``HYDRA_FULL_ERROR=1`` shows the traceback.
@@ -54,7 +55,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from experiments._errors import clean_errors
+from experiments._errors import clean_errors, hydra_cli
 from mdv.errors import MdvError
 from mdv.sweep import RunConfig, Task, check_writable_dir, run_sweep, to_run_config
 from mdv.tracking import make_tracker
@@ -111,4 +112,4 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

@@ -6,7 +6,9 @@
   no temp file stays behind;
 * resume: after an interrupted sweep (KeyboardInterrupt in the middle), after deleting one cell file,
   with a truncated temp file or a truncated cell file left behind, a rerun computes exactly the
-  missing cells, leaves finished files untouched, and loads no model when nothing is pending;
+  missing cells, leaves finished files untouched, removes the dead writer's temp file, moves the torn
+  cell file aside (kept, not overwritten), and loads no model when nothing is pending
+  (SIGKILLed sweeps in subprocesses: ``tests/test_sweep_interrupted.py``);
 * a failing cell is recorded (status "failed", its error) and the sweep goes on; the rerun retries it;
 * an unwritable results folder, an unavailable dataset or missing models fail before any cell runs;
 * the W&B logger writes an offline run (WANDB_MODE=offline, WANDB_DIR in tmp_path) with the summary table;
@@ -42,7 +44,7 @@ TOP_KEYS = {"schema", "cell_id", "status", "error", "config", "dataset", "models
 CONFIG_KEYS = {"method", "K", "L", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "dataset", "n_prompts",
                "models", "warmup_prompts"}
 ENV_KEYS = {"cpu", "threads", "torch", "transformers", "dtype", "device", "mdv", "python", "timestamp"}
-GEN_KEYS = {"prompt_index", "prompt_id", "stats", "text"}
+GEN_KEYS = {"prompt_index", "prompt_id", "seed", "tokens", "stats", "text"}
 
 
 # ------------------------------------------------------------------------------- a tiny in-test dataset
@@ -187,6 +189,8 @@ def test_sweep_writes_contract_files(finished: Path) -> None:
         for g in gens:
             st = g["stats"]
             assert 1 <= st["new_tokens"] <= 6 and isinstance(g["text"], str)
+            assert len(g["tokens"]) == st["new_tokens"] and all(isinstance(t, int) for t in g["tokens"])
+            assert g["seed"] == st["seed"] == sweep.prompt_seed(rec["config"]["seed"], g["prompt_index"])
             assert st["method"] == rec["config"]["method"] and st["max_new_tokens"] == 6
             if rec["config"]["method"] == "ar":
                 assert st["target_calls"] == st["new_tokens"]
@@ -234,6 +238,7 @@ def test_resume_after_interruption_recomputes_nothing_and_loses_nothing(tmp_path
         run(cfg)
     before = snapshot(tmp_path)
     assert len(before) == 3  # the interrupted cell left no file
+    assert not [p.name for p in (tmp_path / "cells").iterdir() if p.name.startswith(".")]  # nor its lock
 
     calls.clear()
     report = run(cfg)
@@ -251,8 +256,12 @@ def test_rerun_runs_only_the_deleted_cell_and_ignores_leftovers(tmp_path: Path, 
     deleted, truncated = first.ok[2], first.ok[4]
     (cells / f"{deleted}.json").unlink()
     # a write interrupted half-way leaves a temp file; a torn cell file must not count as finished either
-    (cells / f".{deleted}.json.99999.tmp").write_text('{"schema": "mdv.cell/1", "cell_id": "' + deleted + '", "sta')
-    (cells / f"{truncated}.json").write_text('{"schema": "mdv.cell/1", "status": "ok", "gen')
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs: its temp file is stale
+    stale = cells / f".{deleted}.json.{dead.pid}.tmp"
+    stale.write_text('{"schema": "mdv.cell/1", "cell_id": "' + deleted + '", "sta')
+    torn = b'{"schema": "mdv.cell/1", "status": "ok", "gen'
+    (cells / f"{truncated}.json").write_bytes(torn)
     before = snapshot(tmp_path)
 
     ran: list[str] = []
@@ -266,7 +275,10 @@ def test_rerun_runs_only_the_deleted_cell_and_ignores_leftovers(tmp_path: Path, 
     assert {k: v for k, v in after.items() if k not in (f"{deleted}.json", f"{truncated}.json")} == \
            {k: v for k, v in before.items() if k != f"{truncated}.json"}
     assert read_cell(cells / f"{truncated}.json")["status"] == "ok"
-    assert (cells / f".{deleted}.json.99999.tmp").exists()  # ignored, never read as a result
+    assert not stale.exists()  # never read as a result, removed: its writer is dead
+    aside = list(cells.glob(f"{truncated}.json.corrupt-*"))  # the torn file was moved aside, not overwritten
+    assert len(aside) == 1 and aside[0].read_bytes() == torn and report.moved_aside == [str(aside[0])]
+    assert not [p.name for p in cells.iterdir() if p.name.startswith(".")]  # no temp or lock file left
 
 
 def test_finished_sweep_loads_no_model_and_no_dataset(finished: Path, monkeypatch) -> None:
