@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from experiments._errors import clean_errors
+from experiments._errors import clean_errors, hydra_cli
 from mdv.bench import BenchConfig, run
 
 ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
@@ -30,4 +30,4 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

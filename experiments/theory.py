@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from mdv.theory import TheoryConfig, compute, summary, write_outputs
-from experiments._errors import clean_errors
+from experiments._errors import clean_errors, hydra_cli
 
 ConfigStore.instance().store(name="theory_schema", node=TheoryConfig)
 
@@ -37,4 +37,4 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -202,14 +203,9 @@ def load_cell(path: Path) -> Cell:
     gens = data["generations"]
     if not isinstance(gens, list) or not gens:
         raise CellFileError("'generations' is empty or not a list (a cell with status 'ok' needs at least one)")
-    for i, g in enumerate(gens):
-        if not isinstance(g, dict) or not isinstance(g.get("stats"), dict) or "prompt_index" not in g:
-            raise CellFileError(f"generations[{i}] lacks 'prompt_index' or a 'stats' object")
-        _require(g["stats"], _STATS_KEYS, f"generations[{i}].stats")
-        try:
-            int(g["prompt_index"])
-        except (TypeError, ValueError):
-            raise CellFileError(f"generations[{i}].prompt_index is not an integer") from None
+    for key in ("method", "dataset"):
+        if not isinstance(config[key], str) or not config[key]:
+            raise CellFileError(f"config {key} is {config[key]!r}, expected a non-empty string")
     try:
         int(config.get("warmup_prompts", 1))
         _ = (cell.K, cell.L, _top_k(config.get("top_k")), int(config.get("max_new_tokens")))
@@ -217,6 +213,39 @@ def load_cell(path: Path) -> Cell:
         raise CellFileError("config K, L, top_k, max_new_tokens or warmup_prompts is not an integer") from None
     if math.isnan(cell.temperature) or math.isnan(_top_p(config.get("top_p"))):
         raise CellFileError("config temperature or top_p is not a number")
+    bad = [f"{k}={config.get(k)!r}" for k, ok in (
+        ("K", cell.K is None or cell.K >= 1), ("L", cell.L is None or cell.L >= 1),
+        ("temperature", 0 <= cell.temperature < math.inf),
+        ("top_p", config.get("top_p") is None or 0 < _num(config.get("top_p")) <= 1),
+        ("top_k", config.get("top_k") is None or int(config.get("top_k")) >= 0),
+        ("max_new_tokens", int(config.get("max_new_tokens")) >= 1),
+        ("warmup_prompts", int(config.get("warmup_prompts", 1)) >= 0)) if not ok]
+    if bad:
+        raise CellFileError(f"config {', '.join(bad)} out of range (K, L, max_new_tokens >= 1; temperature >= 0;"
+                            " top_p in (0, 1]; top_k, warmup_prompts >= 0)")
+    seen_index: set[int] = set()
+    for i, g in enumerate(gens):
+        if not isinstance(g, dict) or not isinstance(g.get("stats"), dict) or "prompt_index" not in g:
+            raise CellFileError(f"generations[{i}] lacks 'prompt_index' or a 'stats' object")
+        stats = g["stats"]
+        _require(stats, _STATS_KEYS, f"generations[{i}].stats")
+        index = g["prompt_index"]
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise CellFileError(f"generations[{i}].prompt_index is {index!r}, expected an integer >= 0")
+        if index in seen_index:
+            raise CellFileError(f"generations[{i}].prompt_index {index} appears twice")
+        seen_index.add(index)
+        for key in _STATS_KEYS:
+            v = stats[key]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf):
+                raise CellFileError(f"generations[{i}].stats.{key} is {v!r}, expected a finite number >= 0 (or null)")
+        taus = stats.get("accepted_lengths")
+        if taus is not None:
+            top = cell.L if cell.L is not None else math.inf
+            if not isinstance(taus, list) or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= top
+                                                 for t in taus):
+                raise CellFileError(f"generations[{i}].stats.accepted_lengths must be a list of integers in"
+                                    f" [0, L={cell.L}]; got {str(taus)[:80]}")
     cell.generations = gens
     cell.wall_seconds = _num(data["wall_seconds"])
     return cell
@@ -241,7 +270,8 @@ def load_results(results_dir: Path | str, warn: Callable[[str], None] | None = N
     warn = warn or (lambda line: print(line, file=sys.stderr))
     root = Path(results_dir)
     if not root.is_dir():
-        raise AnalysisError(f"results folder {str(root)!r} does not exist; pass the folder a sweep wrote"
+        what = "is a file, not a folder" if root.exists() else "does not exist"
+        raise AnalysisError(f"results folder {str(root)!r} {what}; pass the folder a sweep wrote"
                             " (it holds cells/<cell_id>.json)")
     cells_dir = root / "cells" if (root / "cells").is_dir() else root
     files = sorted(cells_dir.glob("*.json"))
@@ -1170,7 +1200,14 @@ def analyze(results_dir: Path | str, out_dir: Path | str | None = None,
     warn = warn or (lambda line: print(line, file=sys.stderr))
     loaded = load_results(results_dir, warn)
     out = Path(out_dir) if out_dir is not None else Path(results_dir) / "analysis"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise AnalysisError(f"cannot write the analysis to {str(out)!r} ({err.strerror or err}); pass a writable"
+                            " folder with --out DIR") from None
     extra_warnings: list[str] = []
 
     def warn2(line: str) -> None:

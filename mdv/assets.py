@@ -263,9 +263,8 @@ def path(name: str) -> Path:
     if reason is not None:
         what = "is not in the cache" if reason == "not found" else f"is corrupt ({reason})"
         raise MissingAssetError(
-            f"asset {a.name!r} ({a.description}) {what} at {p}. Fetch it with:\n"
-            f"    {a.fetch_command}\n"
-            f"(set MDV_CACHE to use another cache directory than {cache_dir()})")
+            f"asset {a.name!r} ({a.description}) {what} at {p}; fetch it with `{a.fetch_command}`"
+            f" (or set MDV_CACHE to the cache folder that holds it, now {cache_dir()})")
     return p
 
 

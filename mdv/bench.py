@@ -257,6 +257,12 @@ def validate(cfg: BenchConfig) -> None:
     for k in cfg.oracle.lp_kinds:
         if k not in ("valid", "greedy"):
             raise UnknownNameError(f"oracle.lp_kinds: {unknown_name('LP kind', k, ['valid', 'greedy'])}")
+    from mdv.data import DATASETS
+
+    for where, names in (("e2e.datasets", cfg.e2e.datasets), ("memory.datasets", cfg.memory.datasets)):
+        for name in names:  # a typo must not silently fall back to the fixed prompt list
+            if name not in DATASETS:
+                raise UnknownNameError(f"{where}: {unknown_name('dataset', name, list(DATASETS))}")
 
 
 # ====================================================================================== helpers

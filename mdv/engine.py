@@ -34,7 +34,7 @@ from torch import Tensor
 
 from mdv.errors import InvalidInputError, unknown_name
 from mdv.metrics import GenerationStats, Stopwatch
-from mdv.models.base import LanguageModel
+from mdv.models.base import LanguageModel, check_model, check_token_ids
 from mdv.models.sampling import SamplingConfig
 from mdv.models.session import DecodeSession, open_session
 from mdv.verify._math import categorical
@@ -82,33 +82,7 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
 
 
 def _prompt_list(prompt_ids: Any, vocab_size: int) -> list[int]:
-    if isinstance(prompt_ids, Tensor) or type(prompt_ids).__module__ == "numpy":
-        arr = torch.as_tensor(prompt_ids)
-        if arr.dim() == 2 and arr.shape[0] == 1:
-            arr = arr[0]
-        if arr.dim() != 1 or arr.dtype.is_floating_point or arr.dtype == torch.bool:
-            raise InvalidInputError(
-                f"prompt_ids must be a 1-D sequence of integer token ids; got an array of shape"
-                f" {tuple(arr.shape)} and dtype {arr.dtype}")
-        ids = [int(t) for t in arr.tolist()]
-    elif isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
-        raise InvalidInputError(
-            f"prompt_ids must be a sequence of token ids (encode text with the tokenizer first); got"
-            f" {type(prompt_ids).__name__}")
-    else:
-        ids = []
-        for t in prompt_ids:
-            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                raise InvalidInputError(f"prompt_ids must contain integer token ids; got {t!r}")
-            ids.append(int(t))
-    if not ids:
-        raise InvalidInputError("prompt_ids is empty: the models need at least one token to condition on"
-                                " (e.g. the tokenizer's BOS token)")
-    lo, hi = min(ids), max(ids)
-    if lo < 0 or hi >= vocab_size:
-        raise InvalidInputError(
-            f"prompt_ids must lie in [0, vocab_size={vocab_size}); got values in [{lo}, {hi}]")
-    return ids
+    return check_token_ids("prompt_ids", prompt_ids, vocab_size)
 
 
 def _eos_set(eos_token_id: Any, target: Any) -> frozenset[int]:
@@ -127,19 +101,41 @@ def _eos_set(eos_token_id: Any, target: Any) -> frozenset[int]:
     return frozenset(int(t) for t in items)
 
 
-def _check_model(role: str, model: Any) -> int:
-    if model is None:
-        raise InvalidInputError(f"{role} model is missing; pass a LanguageModel (CallableLM or HFModel)")
-    vs = getattr(model, "vocab_size", None)
-    if not isinstance(model, LanguageModel) or isinstance(vs, bool) or not isinstance(vs, int) or vs < 1:
+def check_pair(target: Any, draft: Any) -> int:
+    """The shared vocabulary size of ``target`` and ``draft``, or :class:`~mdv.errors.InvalidInputError`
+    when either is not a LanguageModel or their vocabularies / tokenizers differ.  ``generate`` calls it
+    for every speculative method; a sweep can call it once, before its first cell."""
+    V = check_model("target", target)
+    Vd = check_model("draft", draft)
+    if Vd != V:
         raise InvalidInputError(
-            f"{role} must be a LanguageModel with an integer vocab_size and next_logprobs(); got"
-            f" {type(model).__name__} (wrap a transformers model in mdv.models.HFModel, a function in"
-            " mdv.models.CallableLM)")
-    return vs
+            f"target and draft vocabularies differ: target vocab_size={V}, draft vocab_size={Vd}; the"
+            " two models must share one tokenizer (algorithms.md §12.15)")
+    same = getattr(target, "same_vocabulary", None)
+    if callable(same) and not same(draft):
+        raise InvalidInputError(
+            f"target and draft tokenizers map tokens to different ids (both have vocab_size={V}); the"
+            " two models must share one tokenizer")
+    return V
 
 
-def _max_context(*models: Any) -> int | None:
+def check_prompt_fits(prompt_length: int, ctx: int | None, L: int | None = None) -> None:
+    """:class:`~mdv.errors.InvalidInputError` unless a prompt of ``prompt_length`` tokens leaves room in
+    a model context of ``ctx`` tokens (None: unbounded) for one token (``L`` None: autoregressive) or
+    for one block of ``L`` draft tokens scored by the target (speculative methods)."""
+    if ctx is None:
+        return
+    if prompt_length >= ctx:
+        raise InvalidInputError(
+            f"prompt_ids has {prompt_length} tokens but the model context is {ctx} tokens; shorten the prompt")
+    if L is not None and prompt_length + L > ctx:
+        raise InvalidInputError(
+            f"prompt_ids has {prompt_length} tokens and one block of L={L} draft tokens needs {prompt_length + L}"
+            f" positions, above the model context of {ctx} tokens; shorten the prompt or lower L")
+
+
+def max_context(*models: Any) -> int | None:
+    """The smallest `max_context` of `models` (None where no model declares one)."""
     ctx = [int(c) for m in models if m is not None and (c := getattr(m, "max_context", None))]
     return min(ctx) if ctx else None
 
@@ -178,26 +174,15 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise InvalidInputError(f"seed must be an integer; got {seed!r}")
     sampling = SamplingConfig(temperature, top_k, top_p)
-    V = _check_model("target", target)
+    V = check_model("target", target)
     verifier: Verifier | None = None
     if method != AR:
-        Vd = _check_model("draft", draft)
-        if Vd != V:
-            raise InvalidInputError(
-                f"target and draft vocabularies differ: target vocab_size={V}, draft vocab_size={Vd}; the"
-                " two models must share one tokenizer (algorithms.md §12.15)")
-        same = getattr(target, "same_vocabulary", None)
-        if callable(same) and not same(draft):
-            raise InvalidInputError(
-                f"target and draft tokenizers map tokens to different ids (both have vocab_size={V}); the"
-                " two models must share one tokenizer")
+        check_pair(target, draft)
         verifier = VERIFIERS[method]()
         verifier.check_drafts(K)
     prompt = _prompt_list(prompt_ids, V)
-    ctx = _max_context(target, draft if method != AR else None)
-    if ctx is not None and len(prompt) >= ctx:
-        raise InvalidInputError(
-            f"prompt_ids has {len(prompt)} tokens but the model context is {ctx} tokens; shorten the prompt")
+    ctx = max_context(target, draft if method != AR else None)
+    check_prompt_fits(len(prompt), ctx, None if method == AR else L)
     eos = _eos_set(eos_token_id, target)
 
     tgt = open_session(target)

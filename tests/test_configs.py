@@ -1,13 +1,11 @@
 """Hydra configs of ``experiments/run.py``: every option of every config group and every experiment
 preset composes against the typed schema (``mdv.sweep.RunConfig``) and passes validation; the presets
 hold the documented grids; a typo (unknown option, unknown key, unknown method in a list) fails at
-compose time naming the valid choices; and bad input on the command line (unknown dataset / method /
-preset, K = 0, top-p outside (0, 1], a negative temperature, a dataset unavailable offline, an
-unwritable results folder) ends with a non-zero exit and no traceback -- one ``error:`` line for the
-value errors -- while ``HYDRA_FULL_ERROR=1`` shows the trace.
+compose time naming the valid choices; and the theory preset runs from the command line.
 
-The command-line cases run as subprocesses, started together so they overlap (each pays the ~3 s import
-of torch and mdv); the other values and unknown names are covered in-process here and in test_sweep.py.
+Bad input on the command line (unknown option, dataset, method or preset, K = 0, top-p outside (0, 1],
+a negative temperature, a dataset unavailable offline, an unwritable results folder, HYDRA_FULL_ERROR=1)
+is in ``tests/test_bad_input_matrix.py``; the grid values in-process in test_sweep.py.
 """
 from __future__ import annotations
 
@@ -168,68 +166,20 @@ def test_unknown_key_or_wrong_type_fails_at_compose_time(override: str) -> None:
 
 
 # ------------------------------------------------------------------------------- the command line
-CLI_CASES: dict[str, tuple[list[str], str | None]] = {
-    # name: (overrides, text stderr must contain); None = a compose-time error (Hydra's message)
-    "unknown_dataset": (["dataset=gsm9k"], "Available options in 'dataset'"),
-    "unknown_preset": (["experiment=paper"], "Available options in 'experiment'"),
-    "K0": (["sweep.K=[0]"], "error: sweep.K must be a non-empty list of integers >= 1"),
-    "top_p_high": (["sampling.top_p=1.5"], "error: sampling.top_p must lie in (0, 1]"),
-    "negative_T": (["sampling.temperatures=[-0.4]"], "error: sampling.temperatures must"),
-    "offline_dataset": (["dataset=gsm8k", "dataset.source=hub"], "error: dataset 'gsm8k'"),
-    "unwritable": (["results_dir={blocker}/results"], "error: results_dir"),
-}
-ONE_LINE = ("K0", "top_p_high", "negative_T", "offline_dataset", "unwritable")
-
-
 @pytest.fixture(scope="module")
-def cli(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    """Every CLI case (plus one with HYDRA_FULL_ERROR=1 and a tiny theory run), started together."""
-    tmp = tmp_path_factory.mktemp("cli")
-    blocker = tmp / "a-file"
-    blocker.write_text("not a folder")
+def theory_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``python -m experiments.run experiment=theory`` on a tiny grid (bad input on the command line:
+    ``tests/test_bad_input_matrix.py``)."""
+    out = tmp_path_factory.mktemp("cli") / "theory"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
     env.pop("HYDRA_FULL_ERROR", None)
-    base = [sys.executable, "-m", "experiments.run", "models=tiny_random", "progress=false"]
-    jobs: dict[str, tuple[list[str], dict[str, str]]] = {}
-    for name, (over, _) in CLI_CASES.items():
-        over = [o.format(blocker=blocker) for o in over]
-        jobs[name] = (base + over + ([] if name == "unwritable" else [f"results_dir={tmp / name}"]), env)
-    jobs["full_error"] = (base + ["sweep.K=[0]", f"results_dir={tmp / 'full'}"], {**env, "HYDRA_FULL_ERROR": "1"})
-    jobs["theory"] = (base + ["experiment=theory", "theory.K=[1,2]", "theory.L=[1]", "theory.seeds=[0]",
-                              "theory.temperatures=[1.0]", f"results_dir={tmp / 'theory'}"], env)
-    procs = {name: subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, (cmd, e) in jobs.items()}
-    out = {}
-    for name, p in procs.items():
-        stdout, stderr = p.communicate(timeout=600)
-        out[name] = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
-    out["_tmp"] = tmp  # type: ignore[assignment]
-    return out
+    cmd = [sys.executable, "-m", "experiments.run", "models=tiny_random", "progress=false", "experiment=theory",
+           "theory.K=[1,2]", "theory.L=[1]", "theory.seeds=[0]", "theory.temperatures=[1.0]", f"results_dir={out}"]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600), out
 
 
-@pytest.mark.parametrize("case", list(CLI_CASES))
-def test_bad_input_is_a_clean_failure(cli, case: str) -> None:
-    proc = cli[case]
-    needle = CLI_CASES[case][1]
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    assert needle in proc.stderr, proc.stderr[-2000:]
-    if case in ONE_LINE:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    else:  # a compose-time error names every valid choice
-        group = needle.split("'")[1]
-        assert all(f"\t{o}" in proc.stderr for o in options(group))
-
-
-def test_bad_input_shows_the_trace_with_hydra_full_error(cli) -> None:
-    proc = cli["full_error"]
-    assert proc.returncode != 0 and "Traceback" in proc.stderr and "InvalidInputError" in proc.stderr
-
-
-def test_theory_preset_runs(cli) -> None:
-    proc = cli["theory"]
+def test_theory_preset_runs(theory_run) -> None:
+    proc, out = theory_run
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = cli["_tmp"] / "theory"
     assert (out / "theory.md").is_file() and (out / "theory.csv").is_file()
     assert len((out / "theory.csv").read_text().strip().splitlines()) > 1

@@ -8,7 +8,8 @@
   target law enumerated from the model's own probabilities (chi-square, significance ALPHA) for every
   lossless method; a method flagged not lossless (``spectr_gbv``) must instead match the law the oracle
   predicts for it, and its bias must be visible.
-* Stopping (max_new_tokens, EOS, context), stats bookkeeping, reproducibility, input validation.
+* Stopping (max_new_tokens, EOS, context), stats bookkeeping, reproducibility.  Bad input to
+  ``generate``: ``tests/test_bad_input_matrix.py``.
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from scipy import stats as sps
 
 import mdv
 from mdv.engine import GenerationResult, StepRecord, generate
-from mdv.errors import InvalidInputError, UnknownNameError
 from mdv.models.sampling import apply_sampling
 from mdv.oracle import exact_law, random_toy_model, target_law, total_variation
 from tests.test_hf_model import full_logprobs, tiny_pair
@@ -264,46 +264,6 @@ def test_callable_models_run_through_prefix_sessions() -> None:
         assert res.tokens == seq[1:], method
     res = generate(target, draft, [0], "bv", L=3, temperature=0.7, max_new_tokens=10, seed=4)
     assert len(res.tokens) == 10
-
-
-# ---------------------------------------------------------------------------------- bad inputs
-@pytest.mark.parametrize("kwargs,match", [
-    ({"K": 0}, "K must be an integer >= 1"),
-    ({"L": 0}, "L must be an integer >= 1"),
-    ({"L": 2.5}, "L must be an integer"),
-    ({"temperature": -0.5}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -1}, "top_k"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"seed": "x"}, "seed"),
-    ({"prompt_ids": []}, "prompt_ids is empty"),
-    ({"prompt_ids": "hello"}, "prompt_ids must be a sequence of token ids"),
-    ({"prompt_ids": [1, 99]}, "prompt_ids must lie in"),
-    ({"prompt_ids": list(range(10)) * 13}, "context"),
-    ({"method": "sd", "K": 3}, "single-draft"),
-    ({"draft": None}, "draft model is missing"),
-    ({"eos_token_id": 1.5}, "eos_token_id"),
-])
-def test_bad_inputs_raise_named_errors(pair32, kwargs, match) -> None:
-    target, draft = pair32
-    args = {"target": target, "draft": draft, "prompt_ids": PROMPT, "method": "mdbv", "K": 2, "L": 3}
-    args.update(kwargs)
-    with pytest.raises(InvalidInputError, match=match):
-        generate(**args)
-
-
-def test_vocabulary_mismatch_names_both_sizes(pair32) -> None:
-    target = pair32[0]
-    other = tiny_pair(24, seed=9)[1]
-    with pytest.raises(InvalidInputError, match=r"target vocab_size=32, draft vocab_size=24"):
-        generate(target, other, PROMPT, "sd")
-
-
-def test_unknown_method_lists_valid_names(pair32) -> None:
-    with pytest.raises(UnknownNameError, match=r"valid methods are: ar, bv") as info:
-        generate(pair32[0], pair32[1], PROMPT, "medusa")
-    assert isinstance(info.value, ValueError)
 
 
 def test_prompt_forms_and_aggregate(pair32, greedy32) -> None:

@@ -197,8 +197,8 @@ def offline_paths(spec: DatasetSpec) -> dict[str, Path]:
         where = str(assets.target_path(bad[0])) if len(bad) == 1 else f"the cache {assets.cache_dir()}"
         raise MissingAssetError(
             f"the offline source of dataset {spec.key!r} ({spec.offline.name}) is missing or corrupt "
-            f"({', '.join(bad)} at {where}). Fetch it with:\n    {spec.fetch_command}\n"
-            f"(set MDV_CACHE to use another cache directory)")
+            f"({', '.join(bad)} at {where}); fetch it with `{spec.fetch_command}`"
+            f" (or set MDV_CACHE to the cache folder that holds it)")
     return out
 
 

@@ -85,7 +85,7 @@ for _a in MGSM_ASSETS:  # declared here until mdv.assets carries them; an entry 
 
 # ----------------------------------------------------------------------------- readers
 def _corrupt(path: Path, why: str, fetch: str) -> MissingAssetError:
-    return MissingAssetError(f"{path} cannot be read ({why}); fetch it again with:\n    {fetch} --force")
+    return MissingAssetError(f"{path} cannot be read ({why}); fetch it again with `{fetch} --force`")
 
 
 def read_humaneval(path: Path, fetch: str = "python -m mdv.data fetch humaneval") -> list[Prompt]:

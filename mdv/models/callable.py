@@ -18,8 +18,12 @@ class CallableLM:
     """
 
     def __init__(self, fn: Callable[[tuple[int, ...]], object], vocab_size: int, name: str = "callable"):
-        if not isinstance(vocab_size, int) or vocab_size < 1:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
             raise InvalidInputError(f"vocab_size must be a positive integer; got {vocab_size!r}")
+        if not callable(fn):
+            raise InvalidInputError(
+                f"fn must be a function of the prefix (a tuple of token ids) returning {vocab_size} probabilities;"
+                f" got {type(fn).__name__}")
         self.fn = fn
         self.vocab_size = vocab_size
         self.name = name
@@ -31,6 +35,9 @@ class CallableLM:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        if key and (min(key) < 0 or max(key) >= self.vocab_size):
+            raise InvalidInputError(
+                f"{self.name}: token ids must lie in [0, vocab_size={self.vocab_size}); got prefix {key}")
         raw = self.fn(key)
         v = torch.as_tensor(np.asarray(raw, dtype=np.float64) if not isinstance(raw, Tensor) else raw,
                             dtype=torch.float64).flatten()

@@ -158,7 +158,13 @@ def load_draft(target: Any, name: str = DRAFT_NAME, data_dir: Path | None = None
         raise MissingAssetError(
             f"the shipped draft {name!r} is missing ({cpath} / {wpath}); it is part of the repository —"
             " restore it from git, or regenerate it with `python experiments/train_draft.py`")
-    cfg = json.loads(cpath.read_text())
+    fix = "restore it from git or regenerate it with `python experiments/train_draft.py`"
+    try:
+        cfg = json.loads(cpath.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise MissingAssetError(f"{cpath} cannot be read ({type(err).__name__}: {err}); {fix}") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("num_hidden_layers"), int) or cfg["num_hidden_layers"] < 1:
+        raise MissingAssetError(f"{cpath} is not a draft config (no integer 'num_hidden_layers' >= 1); {fix}")
     if sha256_bytes(wpath) != cfg.get("weights_sha256"):
         raise MissingAssetError(
             f"{wpath} does not match the sha256 recorded in {cpath.name}; restore it from git or regenerate"

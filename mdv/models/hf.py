@@ -39,6 +39,35 @@ def _looks_like_path(name: str) -> bool:
     return name.count("/") > 1
 
 
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0].rstrip(" .") if text else type(exc).__name__
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _as_dtype(dtype: Any) -> torch.dtype:
+    """A torch floating dtype from a dtype or its name ("float32", "bfloat16", ...)."""
+    value = dtype
+    if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
+        value = getattr(torch, value.removeprefix("torch."))
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise InvalidInputError(f"dtype must be a torch floating dtype or one of {', '.join(_DTYPES)}; got {dtype!r}")
+    return value
+
+
+def _as_device(device: Any) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InvalidInputError(f"device must be 'cpu', 'cuda', 'cuda:<n>' or a torch.device; got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError(f"device {device!r} asked for but CUDA is not available here; use device='cpu'")
+    return dev
+
+
 class HFModel:
     """A transformers causal LM as a :class:`~mdv.models.base.LanguageModel` with KV-cache sessions.
 
@@ -84,6 +113,10 @@ class HFModel:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        dtype = _as_dtype(dtype)
+        dev = _as_device(device) if device is not None else default_device()
+        if not isinstance(name_or_path, (str, os.PathLike)) or not os.fspath(name_or_path):
+            raise InvalidInputError(f"name_or_path must be a hub id, a model folder or a .gguf path; got {name_or_path!r}")
         name = os.fspath(name_or_path)
         path = Path(name).expanduser()
         if gguf_file is None and path.suffix == ".gguf":
@@ -108,17 +141,22 @@ class HFModel:
         else:
             source, gguf_name = name, None  # a hub id
 
-        dev = torch.device(device) if device is not None else default_device()
         extra: dict[str, Any] = dict(kwargs)
         if gguf_name is not None:
             extra["gguf_file"] = gguf_name
+        local = Path(source).exists()
         try:
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **extra)
         except OSError as exc:  # missing weights, unreachable hub, unknown repo
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             hint = ("; the Hugging Face hub is unreachable or disabled (HF_HUB_OFFLINE=1): use a local"
-                    " folder or GGUF file" if not Path(source).exists() else "")
-            raise MissingAssetError(f"could not load model {name!r}: {first}{hint}") from None
+                    " folder or GGUF file" if not local else "")
+            raise MissingAssetError(f"could not load model {name!r}: {_first_line(exc)}{hint}") from None
+        except Exception as exc:  # a truncated / garbage GGUF or safetensors file, an unknown architecture
+            what = f"GGUF file {Path(source) / gguf_name}" if gguf_name is not None else f"model {name!r}"
+            raise MissingAssetError(
+                f"could not load {what}: {type(exc).__name__}: {_first_line(exc)}; the file is corrupt, truncated"
+                " or not a supported causal LM: fetch it again (`python -m mdv.assets fetch <name>` for a pinned"
+                " asset) or save it again with save_pretrained()") from None
         tokenizer = None
         if load_tokenizer:
             tok_kwargs = {"gguf_file": gguf_name} if gguf_name is not None else {}

@@ -6,6 +6,7 @@ T = 0 is greedy: a one-hot vector on the argmax (ties broken towards the lowest 
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -25,12 +26,14 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        if not isinstance(t, (int, float)) or t != t or t < 0 or t == float("inf"):
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or t != t or t < 0 or t == float("inf"):
             raise InvalidInputError(f"temperature must be a finite number >= 0 (0 = greedy); got {t!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
-            raise InvalidInputError(f"top_k must be None or an integer >= 0 (0 = off); got {self.top_k!r}")
-        if self.top_p is not None and (not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0):
-            raise InvalidInputError(f"top_p must lie in (0, 1]; got {self.top_p!r}")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0):
+            raise InvalidInputError(f"top_k must be None or an integer >= 0 (0 = off); got {k!r}")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < p <= 1.0):
+            raise InvalidInputError(f"top_p must lie in (0, 1] (None = off); got {p!r}")
 
     @property
     def greedy(self) -> bool:

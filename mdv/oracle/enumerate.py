@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from mdv.errors import InvalidInputError
-from mdv.models.base import LanguageModel
+from mdv.models.base import LanguageModel, check_model, check_token_ids
 from mdv.models.sampling import SamplingConfig
 from mdv.verify.base import Block, Outcome, Verifier
 from mdv.verify.registry import get_verifier
@@ -26,11 +26,15 @@ MAX_TUPLES = 300_000
 
 
 def _check_models(target: LanguageModel, draft: LanguageModel) -> int:
-    if target.vocab_size != draft.vocab_size:
+    V, Vd = check_model("target", target), check_model("draft", draft)
+    if V != Vd:
         raise InvalidInputError(
-            f"target and draft must share one vocabulary: target vocab_size={target.vocab_size},"
-            f" draft vocab_size={draft.vocab_size}")
-    return int(target.vocab_size)
+            f"target and draft must share one vocabulary: target vocab_size={V}, draft vocab_size={Vd}")
+    return V
+
+
+def _prompt(prompt: Sequence[int], V: int) -> tuple[int, ...]:
+    return tuple(check_token_ids("prompt", prompt, V, allow_empty=True))
 
 
 def _check_sizes(K: int, L: int) -> None:
@@ -52,7 +56,7 @@ def block_table(target: LanguageModel, draft: LanguageModel, L: int, prompt: Seq
     sampling = sampling or SamplingConfig()
     V = _check_models(target, draft)
     _check_sizes(1, L)
-    prompt = tuple(int(t) for t in prompt)
+    prompt = _prompt(prompt, V)
     blocks = list(itertools.product(range(V), repeat=L))
     prefixes = sorted({prompt + blk[:i] for blk in blocks for i in range(L + 1)})
     index = {pre: n for n, pre in enumerate(prefixes)}
@@ -72,6 +76,7 @@ def enumerate_block(target: LanguageModel, draft: LanguageModel, K: int, L: int,
     Returns (block, weights): block.tokens [B, K, L], block.q [B, K, L, V], block.p [B, K, L+1, V]
     for the B tuples of positive draft probability, and weights [B] = prod_k Q(d_k).
     """
+    _check_models(target, draft)
     _check_sizes(K, L)
     n_blocks = target.vocab_size ** L
     if n_blocks ** K > MAX_TUPLES:
@@ -167,12 +172,12 @@ def exact_law(method: str | Verifier, target: LanguageModel, draft: LanguageMode
               top_p: float | None = None, **verifier_options: Any) -> dict[tuple[int, ...], float]:
     """Exact law of the first ``n_tokens`` generated tokens, across as many iterations as needed,
     verifier state included.  Returns {generated tokens: probability}."""
-    if not isinstance(n_tokens, int) or n_tokens < 1:
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
         raise InvalidInputError(f"n_tokens must be an integer >= 1; got {n_tokens!r}")
     verifier = _resolve(method, verifier_options)
     verifier.check_drafts(K)
     sampling = SamplingConfig(temperature, top_k, top_p)
-    prompt = tuple(int(t) for t in prompt)
+    prompt = _prompt(prompt, _check_models(target, draft))
     # frontier keyed by (generated prefix, state key); processed shortest prefix first so merges happen
     frontier: dict[tuple, list] = {((), verifier.state_key(verifier.initial_state())): [1.0, verifier.initial_state()]}
     law: dict[tuple[int, ...], float] = {}
@@ -197,8 +202,10 @@ def exact_law(method: str | Verifier, target: LanguageModel, draft: LanguageMode
 def target_law(target: LanguageModel, n_tokens: int, prompt: Sequence[int] = (), temperature: float = 1.0,
                top_k: int | None = None, top_p: float | None = None) -> dict[tuple[int, ...], float]:
     """Exact law of ``n_tokens`` tokens sampled autoregressively from the (transformed) target."""
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+        raise InvalidInputError(f"n_tokens must be an integer >= 0; got {n_tokens!r}")
     sampling = SamplingConfig(temperature, top_k, top_p)
-    prompt = tuple(int(t) for t in prompt)
+    prompt = _prompt(prompt, check_model("target", target))
     law: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(n_tokens):
         prefixes = list(law)
@@ -210,4 +217,8 @@ def target_law(target: LanguageModel, n_tokens: int, prompt: Sequence[int] = (),
 
 def total_variation(a: dict[tuple, float], b: dict[tuple, float]) -> float:
     """``0.5 · sum |a(x) - b(x)|`` over the union of supports."""
+    for name, law in (("a", a), ("b", b)):
+        if not isinstance(law, dict):
+            raise InvalidInputError(f"total_variation compares two laws given as dicts {{outcome: probability}}"
+                                    f" (as exact_law / target_law return); {name} is a {type(law).__name__}")
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))

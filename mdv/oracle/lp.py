@@ -34,7 +34,7 @@ import torch
 from scipy.optimize import linprog
 
 from mdv.errors import InvalidInputError, MdvError
-from mdv.models.base import LanguageModel
+from mdv.models.base import LanguageModel, check_model, check_token_ids
 from mdv.models.sampling import SamplingConfig
 
 __all__ = [
@@ -198,7 +198,7 @@ class BlockJoints:
 
 
 def _vocab(target: LanguageModel, draft: LanguageModel) -> int:
-    V, Vd = int(target.vocab_size), int(draft.vocab_size)
+    V, Vd = check_model("target", target), check_model("draft", draft)
     if V != Vd:
         raise InvalidInputError(
             f"target and draft must share one vocabulary; got target.vocab_size={V}, draft.vocab_size={Vd}")
@@ -210,7 +210,7 @@ def _conditional_tree(model: LanguageModel, depth: int, prompt: Sequence[int],
     """``C[t]`` for t = 1..depth: array of shape [V]*t with ``C[t][u] = model(u_t | prompt, u_<t)`` after
     the sampling transform.  ``C[0]`` is the scalar 1.  One batched ``next_logprobs`` call per depth."""
     V = int(model.vocab_size)
-    prompt = tuple(int(t) for t in prompt)
+    prompt = tuple(check_token_ids("prompt", prompt, V, allow_empty=True))
     C: list[np.ndarray] = [np.ones(())]
     for t in range(depth):
         prefixes = [prompt + tuple(int(x) for x in u) for u in np.ndindex(*((V,) * t))] if t else [prompt]

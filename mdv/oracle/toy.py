@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mdv.errors import InvalidInputError
 from mdv.models.callable import CallableLM
 
 
@@ -14,6 +15,10 @@ def random_toy_model(vocab_size: int, seed: int, *, concentration: float = 0.7, 
     function of the prefix.  With ``zero_prob > 0`` a random entry is set to zero with that probability
     (the row is renormalised; it always keeps at least one positive entry).
     """
+    if isinstance(zero_prob, bool) or not isinstance(zero_prob, (int, float)) or not 0.0 <= zero_prob <= 1.0:
+        raise InvalidInputError(f"zero_prob is a probability and must lie in [0, 1]; got {zero_prob!r}")
+    if isinstance(concentration, bool) or not isinstance(concentration, (int, float)) or not concentration > 0:
+        raise InvalidInputError(f"concentration (of the Dirichlet draws) must be a number > 0; got {concentration!r}")
 
     def fn(prefix: tuple[int, ...]) -> np.ndarray:
         rng = np.random.default_rng([seed, len(prefix), *prefix])

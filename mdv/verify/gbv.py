@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from mdv.errors import InvalidInputError
 from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, normalize_or, safe_ratio
 from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
@@ -72,6 +74,8 @@ class GreedyBlockVerification(Verifier):
     stateful: ClassVar[bool] = True
 
     def __init__(self, adjust_target: bool = True) -> None:
+        if not isinstance(adjust_target, (bool, np.bool_)):
+            raise InvalidInputError(f"gbv option adjust_target must be True or False; got {adjust_target!r}")
         self.adjust_target = bool(adjust_target)
         if not self.adjust_target:
             self.lossless = False  # type: ignore[misc]  # measured: TV 1/9 on the BV-paper example
