@@ -52,3 +52,113 @@ def test_law_is_a_probability_law(method: str) -> None:
             live = br.prob > 0
             assert torch.allclose(br.next_dist[live].sum(-1), torch.ones(int(live.sum()), dtype=torch.float64))
             assert (br.next_dist >= 0).all() and torch.isfinite(br.next_dist).all()
+
+
+# ------------------------------------------------------------------ single-instance fast paths
+# The engine verifies one instance at a time (B = 1), and there ``spectr_gbv`` (from LAZY_MIN_V tokens on)
+# and ``mdbv`` take a lazy path: only the tests the outcome needs, in cheaper arithmetic.  It must make
+# exactly the decisions of the vectorised path, including coins placed exactly at h (or one ulp away).
+
+def _one(block, b):
+    return block.select(b)
+
+
+def _at_h(coins: torch.Tensor, h: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """coins moved onto h, or one ulp either side of it, at about 70% of the tests."""
+    m = torch.rand(coins.shape, generator=gen, dtype=torch.float64)
+    up = torch.nextafter(h, torch.full_like(h, 2.0))
+    down = torch.nextafter(h, torch.full_like(h, -1.0))
+    out = torch.where(m < 0.3, h, torch.where(m < 0.5, up, torch.where(m < 0.7, down, coins)))
+    return out.clamp(0.0, 1.0 - 2.0 ** -53)
+
+
+def _large_blocks(gen: torch.Generator):
+    """Groups of synthetic blocks (as the verifier benchmark's) over a few thousand tokens: as drawn, with
+    a shared prefix, with target = draft along the drafts, and at T = 0 (one-hot rows; target argmax =
+    the drafted token, or the target's own argmax)."""
+    from mdv.bench import synthetic_block
+    from mdv.verify import Block
+    for V, K, L in ((300, 3, 4), (2048, 4, 5), (2048, 2, 1), (4096, 1, 6), (4096, 5, 3)):
+        block = synthetic_block(V, K, L, generator=gen)
+        tok, q, p = block.tokens.clone(), block.q.clone(), block.p.clone()
+        if K > 1:  # draft 1 repeats draft 0's first tokens (same rows along the shared prefix)
+            n = L // 2 + 1
+            tok[:, 1, :n], q[:, 1, :n], p[:, 1, :n + 1] = tok[:, 0, :n], q[:, 0, :n], p[:, 0, :n + 1]
+        p_same = p.clone()
+        p_same[:, :, :L] = q  # the target equals the draft along the drafts
+        one_hot = lambda t: torch.nn.functional.one_hot(t, V).to(torch.float64)  # noqa: E731
+        greedy_p = one_hot(p.argmax(-1))
+        yield [block, Block(tok, q, p), Block(tok, q, p_same),
+               Block(tok, one_hot(tok), torch.cat([one_hot(tok), greedy_p[:, :, L:]], 2)),
+               Block(tok, one_hot(tok), greedy_p)]
+
+
+def test_spectr_gbv_lazy_path_matches_vectorised_scan(monkeypatch) -> None:
+    from mdv.verify import spectr_gbv
+    from mdv.verify.spectr_gbv import SpecTrGBV, longest_shared_prefix
+    gen = torch.Generator().manual_seed(11)
+    v = SpecTrGBV()
+
+    def check(block, uniforms):
+        h, dists = SpecTrGBV.h_and_dists(block)
+        for coins in (uniforms.coins, torch.zeros_like(uniforms.coins), _at_h(uniforms.coins, h, gen)):
+            u = Uniforms(coins, uniforms.draws)
+            ref = SpecTrGBV.scan(h, dists, longest_shared_prefix(block.tokens), u)
+            for b in range(block.B):
+                out = v.sample(_one(block, b), u.select(b))
+                assert (int(out.tau[0]), int(out.sel[0]), int(out.token[0])) == \
+                    (int(ref.tau[b]), int(ref.sel[b]), int(ref.token[b]))
+
+    for group in _large_blocks(gen):
+        for block in group:
+            assert block.validate().V >= spectr_gbv.LAZY_MIN_V
+            for _ in range(3):
+                check(block, Uniforms.draw(1, block.K, block.L, gen))
+    # tiny vocabularies (zeros, T = 0) through the lazy path as well
+    monkeypatch.setattr(spectr_gbv, "LAZY_MIN_V", 1)
+    for V, L, temperature, zeros in SETTINGS:
+        for seed in range(3):
+            block, uniforms = _blocks("spectr_gbv", V, L, temperature, zeros, seed, B=20)
+            check(block.validate(), uniforms)
+
+
+def test_mdbv_single_instance_path_matches_vectorised() -> None:
+    """Consecutive iterations (so the target adjustment is exercised): the single-instance path and the
+    vectorised path (the instance in a batch of two) give the same outcome, exits included."""
+    from mdv.verify.mdbv import MultiDraftBlockVerification, draft_h
+    gen = torch.Generator().manual_seed(12)
+    v = MultiDraftBlockVerification()
+
+    def at_h(block, uniforms, state):
+        """coins of instance 0 at (or one ulp from) the h of each draft along the actual chain"""
+        p_eff = v.effective_target(block, state)
+        coins, levels = uniforms.coins.clone(), []
+        for k in range(block.K):
+            coins[0, k] = _at_h(coins[0, k], draft_h(block, p_eff, k, levels)[0], gen)
+            out = v.sample(block, Uniforms(coins, uniforms.draws), state)
+            e = int(out.exits[0, k])
+            if e == block.L:
+                break
+            levels = levels + [(k, torch.tensor([e]))]
+        return Uniforms(coins, uniforms.draws)
+
+    def run(blocks):
+        state = v.initial_state()
+        for i, block in enumerate(blocks):
+            u = Uniforms.draw(1, block.K, block.L, gen)
+            if i % 2:
+                u = at_h(block, u, state)
+            one = v.sample(block, u, state)
+            pair = v.sample(Block(block.tokens.repeat(2, 1, 1), block.q.repeat(2, 1, 1, 1), block.p.repeat(2, 1, 1, 1)),
+                            Uniforms(u.coins.repeat(2, 1, 1), u.draws.repeat(2, 1)), state)
+            for field in ("tau", "sel", "token", "exits"):
+                assert torch.equal(getattr(one, field)[0], getattr(pair, field)[0]), field
+            state = v.advance(state, block, one)
+
+    from mdv.verify import Block
+    for group in _large_blocks(gen):
+        run([b.validate() for b in group])
+    for V, L, temperature, zeros in SETTINGS:
+        for seed in range(3):
+            block, _ = _blocks("mdbv", V, L, temperature, zeros, seed, B=6)
+            run([_one(block, b) for b in range(block.B)])

@@ -13,6 +13,10 @@ from torch import Tensor
 TOL = 1e-12
 # exp() of a log-ratio is clamped here: ratios beyond e^700 behave as infinity without overflowing.
 MAX_LOG_RATIO = 700.0
+# torch's CPU reductions of at least this many elements run on several threads when allowed
+# (at::internal::GRAIN_SIZE): a single output is then summed in two passes (another rounding), a batch of
+# outputs row by row (each row as a serial sum).
+_GRAIN = 32768
 
 
 def normalize_or(weights: Tensor, fallback: Tensor) -> Tensor:
@@ -27,6 +31,15 @@ def normalize_or(weights: Tensor, fallback: Tensor) -> Tensor:
     if w.device.type == "cpu" and bool(ok.all()):  # the common case: skip a pass (same values)
         return w.div_(mass)
     return torch.where(ok, w / torch.where(ok, mass, torch.ones_like(mass)), fallback)
+
+
+def row_sum(x: Tensor, rows: int) -> float:
+    """``x.sum()`` of one row (x: [V] or [1, V]), rounded exactly as torch rounds this row's sum over the last
+    dim of a contiguous batch of ``rows`` rows (elementwise ops give the same value per element whatever the
+    shape; reductions are the one place where the shape can change the rounding)."""
+    if rows > 1 and x.numel() >= _GRAIN and torch.get_num_threads() > 1:
+        return float(x.reshape(1, -1).expand(2, -1).sum(-1)[0])  # two outputs: row by row, as in the batch
+    return float(x.sum())
 
 
 def safe_ratio(log_num: Tensor, log_den: Tensor) -> Tensor:

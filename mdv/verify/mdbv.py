@@ -14,15 +14,32 @@ The accepted prefix is the longest exit point (all exits are prefixes of one ano
 token is drawn from ``T_K(.|acc)``; the next iterations inherit the chain as a target adjustment
 (:mod:`mdv.verify.adjust`).  Each coupling step preserves "Z ~ T", so the generated text is exactly
 target-distributed; at K = 1 this is GBV.  Cost O(K²·L·V) per iteration.
+
+**Fast path** (:meth:`MultiDraftBlockVerification.sample` with one instance on CPU, the engine's case):
+the same outcome, bit for bit, with less work.  Every elementwise torch operation gives the same value
+per element whatever the tensor's shape, so only the vocabulary *sums* must be taken as the vectorised
+path takes them (one row inside a batch of rows, :func:`~mdv.verify._math.row_sum`).  Work skipped, each step exact:
+
+* drafts after a full-block acceptance (their exits are -1 and the bonus ignores the chain);
+* exits are read from the deepest test down (h_L needs no vocabulary sum), stopping at the first
+  acceptance: tau_k = max{i : eta_i < h_i} does not depend on the shallower tests;
+* point masses are not materialised: before its anchor a level is the point mass on the anchor's token,
+  and the residual of a point mass is that same point mass (``(r·1 - q(a))_+`` normalised, or the
+  fallback to it); a level whose joint ratio T(v)/Q(v) is 0 equals the level below (its residual has no
+  mass); only genuine residual steps cost O(V);
+* once T_top(D_k,<=i) = 0, every deeper h is 0 (ratio 0, s = 0): the walk along draft k stops;
+* the effective target is computed only at the positions a target-adjustment window covers (no copy of
+  the whole [K, L+1, V] target); the residual chain for the extra token only when tau < L.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from mdv.verify._math import categorical, last_accepted, last_accepted_law, normalize_or, safe_ratio
+from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, normalize_or, row_sum, safe_ratio
 from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows, residual_chain_step
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import greedy_block_h, log_joints
@@ -99,6 +116,162 @@ def extra_token_law(block: Block, p_eff: Tensor, sel: Tensor, tau: Tensor, level
     return torch.where((tau == block.L).unsqueeze(-1), bonus, correction)
 
 
+# ---------------------------------------------------------------------------------------- fast path (B = 1)
+_U = 2.0 ** -53  # unit roundoff of float64
+
+
+class _EffectiveRows:
+    """Rows of the effective target of one call: ``apply_windows`` on the first n+1 positions only, n the
+    deepest position a window covers (the same values: the windows are applied position by position on
+    [B, K, V] slices); deeper positions are the raw target."""
+
+    def __init__(self, state: Any, block: Block) -> None:
+        self.p = block.p
+        self.head: Tensor | None = None
+        self.n = 0
+        if state is not None and state.windows:
+            n = min(block.L, max(w.length - w.depth for w in state.windows))
+            self.head = apply_windows(state, block.tokens[:, :, :n], block.p[:, :, :n + 1], block.q[:, :, :n])
+            self.n = n
+        self._rows: dict[int, list[Tensor]] = {}
+
+    def row(self, k: int, i: int) -> Tensor:
+        """p_eff[:, k, i]: [1, V]"""
+        if k not in self._rows:
+            rows = list(self.p[:, k].unbind(1))  # L+1 views [1, V]
+            if self.head is not None:
+                rows[:self.n] = list(self.head[:, k, :self.n].unbind(1))
+            self._rows[k] = rows
+        return self._rows[k][i]
+
+
+#: a level's law at one position: the point mass on a token (an int), or a dense [1, V] vector with a
+#: flag "built here by a division" (then its sum is < 2: no need to read it for normalize_or's threshold)
+Cond = int | tuple[Tensor, bool]
+
+
+class _Walk:
+    """The residual chain along one draft row of instance 0 (what :func:`chain_along` computes), with
+    point masses kept symbolic and no-mass levels aliased to the level below (module docstring).
+
+    tops[i]: the top level's law after the row's prefix of length i; log_top[i], log_q[i]: log T_top and
+    log Q of that prefix (Python floats with the same values as chain_along's tensors)."""
+
+    def __init__(self, block: Block, rows: _EffectiveRows, toks: list[list[int]], k: int,
+                 anchors: list[tuple[int, int]], upto: int, stop_at_zero: bool) -> None:
+        V = block.V
+        m = len(anchors)
+        q_k = block.q[:, k]  # [1, L, V]
+        row = toks[k]
+        self.tops: list[Cond] = []
+        if not m:  # no level: the target itself (chain_along's log_joints, same ops)
+            tok = block.tokens[:, k, :upto]
+            p_row = torch.cat([rows.row(k, i).unsqueeze(1) for i in range(upto)], 1) \
+                if rows.head is not None else rows.p[:, k]  # [1, >= upto, V]
+            self.log_top = log_joints(tok, p_row)[0].tolist()
+            self.log_q = log_joints(tok, q_k)[0].tolist()
+            self.tops = [(rows.row(k, i), False) for i in range(upto)]
+            return
+        log_t = [0.0] * (m + 1)
+        log_q = 0.0
+        self.log_top, self.log_q = [0.0], [0.0]
+        dtype, dev = block.p.dtype, block.p.device
+        for i in range(upto):
+            cond: Cond = (rows.row(k, i), False)
+            conds = [cond]
+            ratios: list[float] | None = None
+            for j, (draft_j, depth) in enumerate(anchors, start=1):
+                if i < depth:
+                    cond = toks[draft_j][i]  # before its anchor: the point mass on the anchor's token
+                elif not isinstance(cond, int):
+                    if ratios is None:  # T_{j-1}(v)/Q(v) of every level, as residual_chain_step computes it
+                        ratios = safe_ratio(torch.tensor(log_t[:m], dtype=dtype, device=dev),
+                                            torch.tensor(log_q, dtype=dtype, device=dev)).tolist()
+                    if ratios[j - 1] != 0.0:  # else no mass: normalize_or falls back to the level below
+                        cond = self._residual(cond, q_k[:, i], ratios[j - 1])
+                # the residual of a point mass is the same point mass
+                conds.append(cond)
+            tok = row[i]
+            picked = [float(c == tok) if isinstance(c, int) else float(c[0][0, tok]) for c in conds]
+            logs = torch.tensor(picked + [float(q_k[0, i, tok])], dtype=dtype, device=dev).log().tolist()
+            for j in range(m + 1):
+                log_t[j] = log_t[j] + logs[j]
+            log_q = log_q + logs[-1]
+            self.tops.append(conds[m])
+            self.log_top.append(log_t[m])
+            self.log_q.append(log_q)
+            if stop_at_zero and log_t[m] == -math.inf:
+                break  # T_top is 0 on every longer prefix: every deeper h is 0
+
+    @staticmethod
+    def _residual(cond: tuple[Tensor, bool], q: Tensor, ratio: float) -> tuple[Tensor, bool]:
+        """``normalize_or(ratio * cond - q, cond)`` (residual_chain_step's level), the same values with one
+        buffer: the fallback's sum (in the ``ok`` threshold) is read only when the mass does not settle
+        it -- below 2 TOL, or when cond is not a normalised vector built here (whose sum is < 2)."""
+        c, normed = cond
+        w = torch.mul(c, ratio)
+        w.sub_(q).clamp_min_(0.0)
+        mass = float(w.sum())  # [1, V]: the same reduction as normalize_or's
+        if mass <= TOL:
+            return cond  # max(sum, 1) >= 1: not ok
+        if not (mass > 2 * TOL and normed):
+            if not mass > TOL * max(float(c.sum()), 1.0):
+                return cond
+        return w.div_(mass), True
+
+    def top_dense(self, i: int, V: int, like: Tensor) -> Tensor:
+        """tops[i] as a [1, V] vector."""
+        c = self.tops[i]
+        if not isinstance(c, int):
+            return c[0]
+        return torch.nn.functional.one_hot(torch.tensor([c], device=like.device), V).to(like.dtype)
+
+
+def _draft_exit(block: Block, rows: _EffectiveRows, toks: list[list[int]], k: int, anchors: list[tuple[int, int]],
+                coins: list[float]) -> int:
+    """The exit ``last_accepted(draft_h(...), coins)`` of draft k against the chain anchored at ``anchors``
+    (instance 0), testing from the deepest sub-block down (greedy_block_h's formulas, same floats)."""
+    L = block.L
+    walk = _Walk(block, rows, toks, k, anchors, L, stop_at_zero=True)
+    dtype, dev = block.p.dtype, block.p.device
+    r = safe_ratio(torch.tensor(walk.log_top, dtype=dtype, device=dev),
+                   torch.tensor(walk.log_q, dtype=dtype, device=dev)).tolist()  # r(u) = T(u)/Q(u)
+    r += [0.0] * (L + 1 - len(r))  # the walk stopped where T_top = 0: r = 0 beyond
+    n = len(walk.tops)  # prefixes longer than n - 1 have T_top = 0
+    if coins[L - 1] < min(r[L], 1.0):  # h_L = min{1, T(D)/Q(D)}
+        return L
+    q_k = block.q[0, k]  # [L, V]
+    bound = 1.0 + 2 * (block.V + 2) * _U  # rounding of a sum of V positive terms, generously
+    for i in range(L - 1, 0, -1):
+        mid, coin = r[i], coins[i - 1]
+        if i >= n:  # T_top(u) = 0: r = 0, s = 0, num = 0, h = 0
+            h = 0.0
+        elif mid >= 1.0:  # num = den = 1 - s: h = 1 whatever s is
+            h = 1.0
+        else:
+            c = walk.tops[i]
+            # h = (r - s)/(1 - s) <= r for 0 <= s, once 1 - s > TOL is sure (s <= r sum_x T(x|u)); the float
+            # ops add at most 4 roundings: a coin above r (1 + 16u) rejects without the vocabulary sum
+            if coin >= mid * (1.0 + 16 * _U):
+                if isinstance(c, int):
+                    sure = mid < 1.0 - 4 * TOL
+                else:
+                    sure = c[1] and mid * 2.0 * bound < 1.0 - 4 * TOL  # a normalised vector: its sum is < 2
+                    sure = sure or mid * float(c[0].sum()) * bound < 1.0 - 4 * TOL
+                if sure:
+                    continue
+            if isinstance(c, int):  # a point mass: the other terms are exact zeros
+                s = min(mid, float(q_k[i, c]))
+            else:  # s(u)/Q(u) = sum_x min(r(u) T(x|u), q(x|u)), one row of the [L-1, V] batch
+                s = row_sum(torch.minimum(mid * c[0][0], q_k[i]), L - 1)
+            num, den = min(mid, 1.0) - s, 1.0 - s
+            h = 1.0 if den <= TOL else 0.0 if num <= TOL else num / max(den, TOL)
+            h = min(max(h, 0.0), 1.0)
+        if coin < h:
+            return i
+    return 0
+
+
 class MultiDraftBlockVerification(Verifier):
     """``mdbv``: exact multi-draft greedy block verification by sequential block coupling."""
 
@@ -157,6 +330,9 @@ class MultiDraftBlockVerification(Verifier):
         return branches
 
     def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        """Fast sampler, vectorised over B; one instance on CPU takes :meth:`_sample_one` (same outcome)."""
+        if block.B == 1 and block.p.device.type == "cpu":
+            return self._sample_one(block, uniforms, state)
         p_eff = self.effective_target(block, state)
         B, K, L = block.B, block.K, block.L
         device = p_eff.device
@@ -179,6 +355,35 @@ class MultiDraftBlockVerification(Verifier):
             levels = levels + [(k, torch.where(e < 0, torch.full_like(e, L), e))]
         token = categorical(extra_token_law(block, p_eff, sel, tau, levels), uniforms.draws[torch.arange(B), tau])
         return Outcome(tau, sel, token, exits)
+
+    def _sample_one(self, block: Block, uniforms: Uniforms, state: Any) -> Outcome:
+        """:meth:`sample` for B = 1 with only the work the outcome needs (module docstring, "Fast path")."""
+        K, L, V = block.K, block.L, block.V
+        rows = _EffectiveRows(state, block)
+        toks = block.tokens[0].tolist()  # [K][L]
+        coins = uniforms.coins[0].tolist()  # [K][L]
+        exits = [-1] * K
+        tau, sel = 0, 0
+        anchors: list[tuple[int, int]] = []  # (draft, exit depth) of every level, oldest first
+        for k in range(K):
+            e = _draft_exit(block, rows, toks, k, anchors, coins[k])
+            exits[k] = e
+            if e > tau:  # strictly longer exits replace acc: ties keep the earlier draft
+                tau, sel = e, k
+            if e == L:
+                break
+            anchors.append((k, e))
+        dev = block.p.device
+        ar = torch.arange(1, device=dev)
+        if tau == L:
+            dist = block.p[ar, sel, L]  # bonus (never covered by a window)
+        else:
+            walk = _Walk(block, rows, toks, sel, anchors, tau + 1, stop_at_zero=False)
+            dist = walk.top_dense(tau, V, block.p)
+        tau_t = torch.tensor([tau], dtype=torch.long, device=dev)
+        token = categorical(dist, uniforms.draws[ar, tau_t])
+        return Outcome(tau_t, torch.tensor([sel], dtype=torch.long, device=dev), token,
+                       torch.tensor([exits], dtype=torch.long, device=dev))
 
     def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
         """Scalar transcription: explicit residual-chain conditionals per prefix, one instance at a time."""

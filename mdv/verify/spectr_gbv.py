@@ -34,6 +34,29 @@ earlier draft -- a contiguous range -- plus the full block.
 
 Coins: draft k's sub-block of length i uses ``uniforms.coins[b, k, i-1]`` (the full block
 ``coins[b, k, L-1]``), accepting iff ``coin < h``; the extra token uses ``uniforms.draws[b, tau]``.
+
+**Lazy sampler** (:meth:`SpecTrGBV.sample` on CPU from ``LAZY_MIN_V`` tokens on).  h(u) for |u| < L needs
+the vocabulary sum S(u) = sum_x phi(u.x), O(V) per sub-block, K(L-1) of them; the scan reads few of them.
+The lazy path makes the decisions of :meth:`SpecTrGBV._h` + :meth:`SpecTrGBV.scan` (same floats, same
+outcome) with:
+
+* *order*: per draft, the full block first (h_L is O(1); its acceptance ends the scan), then the tested
+  lengths from the deepest down, stopping at the first acceptance (the longest accepted one wins);
+  P(u) = 0 gives h = 0;
+* *a free bound*: h = (phi - S)/(A - S) <= phi/A when phi <= A (S >= 0), so a coin >= phi(u)/A(u)
+  (times 1 + 16u for rounding) rejects without any sum;
+* *certified cheap sums*: with a = P(u)/A(u), b = Q(u)/A(u), r = min{Q(u.x)/P(u.x), 1} and w = 1 - r,
+  ``1 - (1 - r)^K = r G_K(w)``, ``G_K(w) = 1 + w + ... + w^(K-1)``, so
+  ``S(u)/A(u) = sum_x min{a p(x|u), b q(x|u) G_K(w(x))}`` -- products and one division, no log/exp, no
+  cancellation.  A first-order rounding analysis of both this sum and _h's log/exp evaluation (relative
+  error per term <= 8 eps (|log p| + |log q| + |log-joints| + 2), with |log p|, |log q| <= 60 except on
+  entries bounded by their size; at most n - 1 roundings per sum of n positive terms; times 4 for
+  safety) gives an interval that holds _h's float S(u); the test is decided only if every float in
+  it gives the same answer (:func:`_certified_accept`);
+* otherwise (a coin within ~1e-11 of h, degenerate rows such as p = q or one-hot ones) that one node's h
+  is computed exactly as :meth:`SpecTrGBV._h` computes it: torch's elementwise functions give the same
+  value per element whatever the tensor's shape, and the row sum is rounded as in _h's batched sum
+  (:func:`~mdv.verify._math.row_sum`).
 """
 from __future__ import annotations
 
@@ -43,7 +66,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from mdv.verify._math import TOL, categorical, normalize_or
+from mdv.verify._math import TOL, categorical, normalize_or, row_sum
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.sd import token_probs
 
@@ -117,6 +140,108 @@ def _coded_residual(lr: Tensor, p_u: Tensor, K: int) -> Tensor:
     return normalize_or(lr.mul_(K).expm1_().neg_().mul_(p_u), p_u)
 
 
+# ---------------------------------------------------------------------------------------- lazy sampler
+#: From this vocabulary size on (CPU), :meth:`SpecTrGBV.sample` takes the lazy, certified path.
+LAZY_MIN_V = 256
+_U = 2.0 ** -53  # unit roundoff of float64
+_LOG_THETA = 60.0  # split point of the error bound: entries below e^-60 are bounded by their size
+_THETA = math.exp(-_LOG_THETA)
+_MAX_LOG_SCALE = 700.0  # a = P(u)/A(u) above e^700 (Q(u) < e^-700): no fast sum, exact h
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _NodeTests:
+    """The certified sub-block tests of :meth:`SpecTrGBV._sample_lazy` (module docstring, "Lazy sampler"),
+    with scratch vectors reused across the sub-blocks of one call."""
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.bufs: list[Tensor] = []
+
+    def accepts(self, b: int, k: int, i: int, coin: float, phi: float, lP: float, lQ: float,
+                lA: float) -> bool | None:
+        """``coin < h(u)`` for u = D_k,<=i of instance b as :meth:`SpecTrGBV._h` decides it, or None when
+        the certified bound does not settle it.  phi: _h's ``phi(u)/A(u)``; lP, lQ, lA: log P(u), Q(u), A(u)."""
+        # h = (phi - S)/(1 - S) <= phi for 0 <= S < 1 and phi <= 1; the float ops add at most 4 roundings
+        if phi <= 1.0 and coin >= min(1.0, phi * (1.0 + 16 * _U)):
+            return False
+        c = lP - lA  # log(P(u)/A(u)), the float _h adds
+        if not c <= _MAX_LOG_SCALE:
+            return None
+        a, bq = math.exp(c), math.exp(min(lQ - lA, _MAX_LOG_SCALE))  # P(u)/A(u), Q(u)/A(u) (<= ~1)
+        S = self._phi_sum(self.block.p[b, k, i], self.block.q[b, k, i], a, bq)
+        K, V = self.block.K, self.block.V
+        # first-order relative error of _h's log/exp chain per term (|log p|, |log q| <= 60 on the bulk), of
+        # the scale factors and of _phi_sum's arithmetic; each sum adds at most (n - 1) roundings
+        rel = 16 * _U * (2 * _LOG_THETA + 3 * (abs(lP) + abs(lQ) + abs(lA)) + 8) + (2 * K * K + 4 * K + 16) * 2 * _U
+
+        def err(n: int) -> float:  # the entries below e^-60 are bounded by their size instead
+            tail = 16 * _U * 1490.0 * (min(n * a * _THETA, K * bq) + n * K * bq * _THETA)
+            return 4.0 * (abs(S) * (rel + 4 * n * _U) + tail + n * 2.0 ** -1000) + 1e-300
+
+        out = _certified_accept(coin, phi, S, err(V))
+        if out is None:  # retry with the number of non-zero terms (both sums are exact beyond them)
+            out = _certified_accept(coin, phi, S, err(int(torch.count_nonzero(self.block.p[b, k, i]))))
+        return out
+
+    def _phi_sum(self, p: Tensor, q: Tensor, a: float, b: float) -> float:
+        """``S(u)/A(u) = sum_x min{a p(x), b q(x) G_K(w(x))}`` without transcendental functions.
+
+        a = P(u)/A(u), b = Q(u)/A(u); p, q = p(.|c,u), q(.|c,u) ([V]).  With r = min{Q(u.x)/P(u.x), 1} and
+        w = 1 - r = (a p - b q)_+ / (a p): ``1 - (1 - r)^K = r (1 + w + ... + w^(K-1)) = r G_K(w)``, a sum
+        of positive terms (no cancellation), and ``a p r = b q`` where r < 1; where r = 1 (w = 0) the min
+        picks a p.  Where p = 0, w is 0/0: the NaN term is skipped by nansum (its value, a p, is 0).
+        """
+        if not self.bufs:
+            self.bufs = [torch.empty_like(p) for _ in range(4)]
+        ap, t, w, G = self.bufs
+        torch.mul(p, a, out=ap)
+        torch.mul(q, b, out=t)
+        K = self.block.K
+        if K == 1:
+            return float(torch.minimum(ap, t, out=G).sum())
+        torch.sub(ap, t, out=w).clamp_min_(0.0).div_(ap)
+        torch.add(w, 1.0, out=G)
+        for _ in range(K - 2):
+            G.mul_(w).add_(1.0)
+        return float(torch.minimum(G.mul_(t), ap, out=G).nansum())
+
+
+def _certified_accept(coin: float, phi: float, S: float, err: float) -> bool | None:
+    """``coin < h`` for *every* float S' in [S - err, S + err], with h computed from S' exactly as
+    :func:`_h_from_scaled` does (num = phi - S', den = 1 - S'; num <= TOL -> 0, else den <= TOL -> 1, else
+    num / den clamped to [0, 1]); None when the answer depends on S'.
+
+    Float subtraction and division are monotone, so over the interval num lies in [num_lo, num_hi] and den
+    in [den_lo, den_hi], and h in [h_min, h_max]: h_min = 0 if num may be <= TOL, h_max = 1 if den may be
+    <= TOL, the ratio of the interval ends otherwise."""
+    S_lo, S_hi = S - err, S + err
+    num_lo, num_hi = phi - S_hi, phi - S_lo
+    if num_hi <= TOL:
+        return coin < 0.0  # h = 0
+    den_lo, den_hi = 1.0 - S_hi, 1.0 - S_lo
+    h_max = 1.0 if den_lo <= TOL else min(max(num_hi / den_lo, 0.0), 1.0)
+    if num_lo <= TOL:
+        h_min = 0.0
+    elif den_hi <= TOL:
+        h_min = 1.0
+    else:
+        h_min = min(max(num_lo / den_hi, 0.0), 1.0)
+    if coin < h_min:
+        return True
+    if coin >= h_max:
+        return False
+    return None
+
+
 class SpecTrGBV(Verifier):
     """``spectr_gbv``: SpecTr-GBV's Algorithm 1 as implemented in the official code (§6.2), stateless.
 
@@ -152,9 +277,13 @@ class SpecTrGBV(Verifier):
         return h, dists
 
     @staticmethod
-    def _h(block: Block) -> tuple[Tensor, Tensor, Tensor]:
-        """The acceptance probabilities h [B, K, L] of :meth:`h_and_dists`, with the log joints log_P, log_Q
-        [B, K, L+1] of every draft prefix.  Only the children of the nodes of length 1..L-1 enter h."""
+    def _node_scalars(block: Block) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The O(B·K·L) part of :meth:`_h`: log joints of every draft prefix, log phi_K and log A_K there,
+        ``phi(u)/A(u)`` at the sub-blocks and ``h_L``.
+
+        Returns log_P, log_Q, log_phi, log_A [B, K, L+1]; phi_mid [B, K, L-1] = phi(u)/A(u) for |u| = 1..L-1;
+        h_full [B, K] = h_L(D_k).  Shared by both paths of :meth:`sample`, so their values agree bit for bit.
+        """
         K, L = block.K, block.L
         tok = block.tokens.long()
         p, q = block.p, block.q  # [B, K, L+1, V], [B, K, L, V]
@@ -163,15 +292,24 @@ class SpecTrGBV(Verifier):
         log_Q = torch.cat([zeros, token_probs(q, tok).log().cumsum(-1)], -1)  # [B, K, L+1]; finite (q > 0 on drafts)
         log_phi_u = _log_phi(log_P, log_Q, K)  # [B, K, L+1]
         log_A_u = _log_one_minus_pow_comp(log_Q, K)  # [B, K, L+1]; finite since Q(u) > 0
+        phi = (log_phi_u[:, :, 1:L] - log_A_u[:, :, 1:L]).exp()  # [B, K, L-1]: phi(u)/A(u)
+        h_full = (log_phi_u[:, :, L] - log_A_u[:, :, L]).exp().clamp(0.0, 1.0)  # [B, K]
+        return log_P, log_Q, log_phi_u, log_A_u, phi, h_full
+
+    @staticmethod
+    def _h(block: Block) -> tuple[Tensor, Tensor, Tensor]:
+        """The acceptance probabilities h [B, K, L] of :meth:`h_and_dists`, with the log joints log_P, log_Q
+        [B, K, L+1] of every draft prefix.  Only the children of the nodes of length 1..L-1 enter h."""
+        K, L = block.K, block.L
+        p, q = block.p, block.q  # [B, K, L+1, V], [B, K, L, V]
+        log_P, log_Q, _, log_A_u, phi, h_full = SpecTrGBV._node_scalars(block)
 
         # children u.x of the nodes u = D_k,<=i, i = 1..L-1 ([B, K, L-1, V], updated in place: V ~ 5e4)
         lr, log_p = _children_log_r(p[:, :, 1:L], q[:, :, 1:L], log_P[..., 1:L], log_Q[..., 1:L])
         # phi(u.x) / A(u) = exp(log P(u) - log A(u) + log p(x|u) + log(1 - (1 - r)^K)), scale-free
         phi_c = _log_one_minus_pow_comp(lr, K).add_(log_p).add_((log_P - log_A_u)[..., 1:L, None]).exp_()
         S = phi_c.sum(-1)  # [B, K, L-1]: S(u)/A(u) for |u| = 1..L-1
-        phi = (log_phi_u[:, :, 1:L] - log_A_u[:, :, 1:L]).exp()  # [B, K, L-1]: phi(u)/A(u)
         h_mid = _h_from_scaled(phi - S, 1.0 - S)
-        h_full = (log_phi_u[:, :, L] - log_A_u[:, :, L]).exp().clamp(0.0, 1.0)  # [B, K]
         return torch.cat([h_mid, h_full[..., None]], -1), log_P, log_Q  # h: [B, K, L]
 
     # ------------------------------------------------------------------ exact law
@@ -218,18 +356,98 @@ class SpecTrGBV(Verifier):
 
     # ------------------------------------------------------------------ fast sampler
     def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
-        """Vectorised over B: h (:meth:`h_and_dists` without the laws), the scan of :meth:`scan`, then the
-        extra-token law at the chosen node only (O(B·V) instead of O(B·K·L·V))."""
+        """Fast sampler, the same outcome as :meth:`scan` on :meth:`h_and_dists` for the same uniforms.
+
+        On CPU from ``LAZY_MIN_V`` tokens on, :meth:`_sample_lazy` (instance by instance, only the tests the
+        scan needs, certified cheap vocabulary sums); otherwise vectorised over B: h for every node
+        (:meth:`_h`), the scan of :meth:`scan`.  Either way the extra-token law is built at the chosen node
+        only (O(B·V) instead of O(B·K·L·V)).
+        """
+        if block.V >= LAZY_MIN_V and block.p.device.type == "cpu":
+            return self._sample_lazy(block, uniforms)
         h, log_P, log_Q = self._h(block)
         tau, sel = self._scan_choice(h, longest_shared_prefix(block.tokens), uniforms.coins)
-        # the extra token's law only where it is needed: the coded residual at (sel, tau) or the bonus
+        return self._extra_token(block, uniforms, tau, sel, log_P, log_Q)
+
+    @staticmethod
+    def _extra_token(block: Block, uniforms: Uniforms, tau: Tensor, sel: Tensor, log_P: Tensor,
+                     log_Q: Tensor) -> Outcome:
+        """The outcome once (tau, sel) [B] are known: the coded residual at (sel, tau), or the bonus when
+        tau = L, drawn with ``uniforms.draws[b, tau]``.  log_P, log_Q: [B, K, L+1] from :meth:`_node_scalars`."""
         B, L = block.B, block.L
-        rows = torch.arange(B, device=h.device)
+        rows = torch.arange(B, device=tau.device)
+        if B == 1:  # views instead of gathered copies, and only the branch the where below would keep
+            t0, s0 = int(tau[0]), int(sel[0])
+            if t0 == L:
+                dist = block.p[:, s0, L]  # [1, V]
+            else:
+                p_u = block.p[:, s0, t0]
+                lr, _ = _children_log_r(p_u, block.q[:, s0, t0], log_P[:, s0, t0], log_Q[:, s0, t0])
+                dist = _coded_residual(lr, p_u, block.K)
+            return Outcome(tau, sel, categorical(dist, uniforms.draws[rows, tau]))
         t = tau.clamp_max(L - 1)
         p_u = block.p[rows, sel, t]  # [B, V]
         lr, _ = _children_log_r(p_u, block.q[rows, sel, t], log_P[rows, sel, t], log_Q[rows, sel, t])
         dist = torch.where((tau == L).unsqueeze(-1), block.p[rows, sel, L], _coded_residual(lr, p_u, block.K))
         return Outcome(tau, sel, categorical(dist, uniforms.draws[rows, tau]))
+
+    def _sample_lazy(self, block: Block, uniforms: Uniforms) -> Outcome:
+        """:meth:`scan`'s outcome without h at every node: O(B·K·L) scalars, then per instance only the
+        vocabulary sums S(u) of the sub-blocks whose coin the scan actually reads, in cheap arithmetic whose
+        decisions are certified (module docstring, "Lazy sampler").
+
+        Per draft k (draft order, as Algorithm 1): the full-block test first (h_L needs no vocabulary sum;
+        an acceptance ends the scan whatever the sub-blocks did), then the tested lengths
+        ``max(tau, s_k) < i <= L-1`` from the deepest down, stopping at the first acceptance (the longest
+        accepted sub-block wins, so shorter ones cannot change the outcome).  A sub-block with P(u) = 0 has
+        h = 0.  A test the certified interval cannot decide computes that node's h exactly as :meth:`_h` does.
+        """
+        B, K, L = block.B, block.K, block.L
+        log_P, log_Q, _, log_A, phi, h_full = self._node_scalars(block)
+        lP, lQ, lA = log_P.tolist(), log_Q.tolist(), log_A.tolist()  # [B][K][L+1]
+        phi_l, hf = phi.tolist(), h_full.tolist()  # [B][K][L-1], [B][K]
+        coins, toks = uniforms.coins.tolist(), block.tokens.tolist()  # [B][K][L]
+        tests = _NodeTests(block)
+
+        def exact_h(b: int, k: int, i: int) -> float:
+            """h(D_k,<=i) of instance b exactly as :meth:`_h` computes it, for this node alone."""
+            sl = slice(b, b + 1)
+            p_u, q_u = block.p[sl, k, i], block.q[sl, k, i]  # [1, V]
+            lr, log_p = _children_log_r(p_u, q_u, log_P[sl, k, i], log_Q[sl, k, i])
+            phi_c = _log_one_minus_pow_comp(lr, K).add_(log_p).add_((log_P[sl, k, i] - log_A[sl, k, i])[..., None]).exp_()
+            S = row_sum(phi_c, B * K * (L - 1))  # this row of _h's [B, K, L-1, V] sum
+            num, den = phi_l[b][k][i - 1] - S, 1.0 - S  # _h_from_scaled
+            h = 1.0 if den <= TOL else num / den
+            h = 0.0 if num <= TOL else h
+            return min(max(h, 0.0), 1.0)
+
+        taus, sels = [], []
+        for b in range(B):
+            tau, sel = 0, 0
+            D = toks[b]
+            for k in range(K):
+                shared = max((_lcp(D[j], D[k]) for j in range(k)), default=0)
+                start = max(tau, shared)  # draft k tests the lengths start < i <= L-1 (module docstring)
+                if coins[b][k][L - 1] < hf[b][k]:  # the full block is never checked against H
+                    tau, sel = L, k
+                    break
+                for i in range(L - 1, start, -1):  # deepest first: the last accepted length wins
+                    coin = coins[b][k][i - 1]
+                    if lP[b][k][i] == -math.inf:
+                        acc: bool | None = coin < 0.0  # P(u) = 0: h = 0
+                    else:
+                        acc = tests.accepts(b, k, i, coin, phi_l[b][k][i - 1], lP[b][k][i], lQ[b][k][i], lA[b][k][i])
+                    if acc is None:
+                        acc = coin < exact_h(b, k, i)
+                    if acc:
+                        tau, sel = i, k
+                        break
+            taus.append(tau)
+            sels.append(sel)
+        dev = block.p.device
+        tau_t = torch.tensor(taus, dtype=torch.long, device=dev)
+        sel_t = torch.tensor(sels, dtype=torch.long, device=dev)
+        return self._extra_token(block, uniforms, tau_t, sel_t, log_P, log_Q)
 
     @staticmethod
     def scan(h: Tensor, dists: Tensor, shared: Tensor, uniforms: Uniforms) -> Outcome:
