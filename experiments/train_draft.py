@@ -22,9 +22,20 @@ Recipe (every step seeded by ``seed``; the target is the pinned ``smollm2-135m-i
    ``draft_report.json``: training curve and wall/CPU time, teacher-forced greedy agreement on the
    held-out prompts, the draft/target cost per KV-cache step, and the block efficiency of ``sd``
    (L=4, T=0.4) through :func:`mdv.generate`.
+6. Head vocabulary subset (``head_subset.*``; also alone with ``head_subset_only=true``, which keeps
+   every other file and figure): token frequencies of the training text (the target's generations and
+   the training prompts' chats with their reference answers, plus raw code; each normalised, mixed
+   with weight ``head_subset.generation_weight``) rank the vocabulary; the ``head_subset.size`` most
+   frequent ids, the tokenizer's special and chat-template tokens always included, ties and unseen
+   ids by id, are written to ``<output.name>.head_ids.json`` and named (with its sha256) in the draft
+   config.  ``load_draft`` restricts the shipped draft's head to them at load time (the decoder layers
+   are the same).  The report's ``head_subset`` section compares ``head_subset.sizes``: coverage of
+   the target's greedy tokens on all held-out prompts, teacher-forced greedy agreement and expected
+   acceptance, and the step cost of target, full-head and subset-head drafts timed side by side.
 """
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import json
@@ -35,8 +46,9 @@ import re
 import sys
 import time
 import tomllib
+from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -210,7 +222,7 @@ def build_sequences(cfg: DictConfig, tok: Any, target: Any, train: list[dict[str
     info["generated_tokens"] = sum(len(c) for c in conts)
     info["generation_prompts"] = len(prompts)
     for p, c in zip(prompts, conts):
-        seqs.append({"ids": (p + c)[:maxlen], "start": header - 1, "kind": "generation"})
+        seqs.append({"ids": (p + c)[:maxlen], "start": header - 1, "kind": "generation", "prompt_len": len(p)})
     # (b) reference answers as assistant turns, (c) raw HumanEval code
     rest = interleave(train, seed + 2)
     for r in rest[: int(cfg.data.num_reference)]:
@@ -403,9 +415,12 @@ def train_draft(cfg: DictConfig, target: Any, seqs: list[dict[str, Any]], teach:
 # -------------------------------------------------------------------------------------------- eval
 @torch.no_grad()
 def greedy_agreement(target: Any, draft: Any, tok: Any, held: list[dict[str, Any]], n_prompts: int,
-                     max_new_tokens: int, seed: int, cache: Path | None = None) -> dict[str, Any]:
+                     max_new_tokens: int, seed: int, cache: Path | None = None,
+                     temperatures: Sequence[float] = ()) -> dict[str, Any]:
     """Teacher-forced greedy agreement on held-out prompts: along the target's greedy continuation, the
-    fraction of positions where the draft's argmax equals the target's argmax."""
+    fraction of positions where the draft's argmax equals the target's argmax.  With ``temperatures``,
+    also the mean expected acceptance ``sum_x min(p_T(x), q_T(x))`` of one drafted token at each
+    temperature T over the same positions (``expected_acceptance``)."""
     recs = interleave(held, seed + 11)[:n_prompts]
     prompts = [chat_ids(tok, r["user"]) for r in recs]
     conts, _ = batched_generate(target, tok, prompts, max_new_tokens, 0.0, 1.0, len(prompts), seed,
@@ -414,11 +429,18 @@ def greedy_agreement(target: Any, draft: Any, tok: Any, held: list[dict[str, Any
     for r, p, c in zip(recs, prompts, conts):
         ids = torch.tensor([p + c])
         P = len(p)
-        at = target(input_ids=ids).logits[0, P - 1:-1].argmax(-1)
-        ad = draft(input_ids=ids).logits[0, P - 1:-1].argmax(-1)
+        lt = target(input_ids=ids).logits[0, P - 1:-1]
+        at = lt.argmax(-1)
+        ld = draft(input_ids=ids).logits[0, P - 1:-1]
+        ad = ld.argmax(-1)
         per.append({"id": r["id"], "source": r["source"], "positions": int(at.numel()),
                     "agree": int((at == ad).sum()), "target_argmax_is_continuation":
                     float((at == ids[0, P:]).float().mean())})
+        if temperatures:  # float64 laws; the draft's -inf logits (a subset head) give q = 0 there
+            per[-1]["acceptance_sum"] = {
+                str(float(T)): float(torch.minimum(torch.softmax(lt.double() / T, -1),
+                                                   torch.softmax(ld.double() / T, -1)).sum(-1).sum())
+                for T in temperatures}
     tot = sum(x["agree"] for x in per)
     n = sum(x["positions"] for x in per)
     by_src = {}
@@ -426,11 +448,18 @@ def greedy_agreement(target: Any, draft: Any, tok: Any, held: list[dict[str, Any
         xs = [x for x in per if x["source"] == src]
         if xs:
             by_src[src] = sum(x["agree"] for x in xs) / sum(x["positions"] for x in xs)
-    return {"greedy_agreement": tot / n, "greedy_agreement_mean_over_prompts":
-            sum(x["agree"] / x["positions"] for x in per) / len(per), "by_source": by_src,
-            "positions": n, "prompts": per, "max_new_tokens": max_new_tokens,
-            "definition": "teacher-forced along the target's greedy continuation of each held-out chat prompt:"
-                          " fraction of positions where draft argmax = target argmax"}
+    res = {"greedy_agreement": tot / n, "greedy_agreement_mean_over_prompts":
+           sum(x["agree"] / x["positions"] for x in per) / len(per), "by_source": by_src,
+           "positions": n, "prompts": per, "max_new_tokens": max_new_tokens,
+           "definition": "teacher-forced along the target's greedy continuation of each held-out chat prompt:"
+                         " fraction of positions where draft argmax = target argmax"}
+    if temperatures:
+        sums = [x.pop("acceptance_sum") for x in per]
+        res["expected_acceptance"] = {str(float(T)): sum(a[str(float(T))] for a in sums) / n for T in temperatures}
+        res["expected_acceptance_definition"] = (
+            "mean over the same positions of sum_x min(p_T(x), q_T(x)), target p and draft q at temperature T:"
+            " the probability that speculative sampling accepts one drafted token there")
+    return res
 
 
 @torch.no_grad()
@@ -526,6 +555,207 @@ def evaluate(cfg: DictConfig, target: Any, draft: Any, tok: Any, held: list[dict
             "eval_seconds": round(time.perf_counter() - t0, 1)}
 
 
+# ------------------------------------------------------------------------------- head vocabulary subset
+def always_in_head(tok: Any) -> list[int]:
+    """Ids every head subset keeps: the tokenizer's special and added tokens (EOS, BOS, padding, the chat
+    template's ``<|im_start|>`` / ``<|im_end|>``, ...) and every token of the template's own text."""
+    ids = set(getattr(tok, "all_special_ids", []) or [])
+    ids |= {int(i) for i in (getattr(tok, "added_tokens_decoder", None) or {})}
+    for attr in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        if isinstance(getattr(tok, attr, None), int):
+            ids.add(int(getattr(tok, attr)))
+    ids |= set(chat_ids(tok, "")) | set(chat_ids(tok, "", ""))
+    return sorted(ids)
+
+
+def token_frequencies(seqs: list[dict[str, Any]], train: list[dict[str, Any]], tok: Any
+                      ) -> tuple[Counter, Counter]:
+    """Token counts of the recipe's training text: (the target's generated tokens in the training sequences,
+    every training prompt's chat with its reference answer plus HumanEval's raw code).  Held-out prompts
+    are never counted."""
+    gen: Counter = Counter()
+    for sq in seqs:
+        if sq["kind"] == "generation":
+            gen.update(sq["ids"][sq["prompt_len"]:])
+    text: Counter = Counter()
+    for r in train:
+        text.update(chat_ids(tok, r["user"], r["reference"]))
+        if "raw" in r:
+            text.update(tok.encode(r["raw"], add_special_tokens=False))
+    return gen, text
+
+
+def head_ranking(gen: Counter, text: Counter, vocab_size: int, generation_weight: float,
+                 always: Iterable[int] = ()) -> list[int]:
+    """Every id of the vocabulary, best first: the ``always`` ids, then by the mixed relative frequency
+    ``w * gen/|gen| + (1 - w) * text/|text|`` (descending), ties and unseen ids by id (BPE ids are roughly
+    in merge order, so a lower id is a more common piece)."""
+    w = float(generation_weight)
+    G, T = max(1, sum(gen.values())), max(1, sum(text.values()))
+    score = {i: w * gen.get(i, 0) / G + (1 - w) * text.get(i, 0) / T for i in set(gen) | set(text)}
+    first = list(dict.fromkeys(int(i) for i in always))
+    seen = set(first)
+    ranked = sorted((i for i in score if i not in seen and score[i] > 0), key=lambda i: (-score[i], i))
+    seen |= set(ranked)
+    return first + ranked + [i for i in range(vocab_size) if i not in seen]
+
+
+def coverage(ids: Iterable[int], conts: list[list[int]], sources: list[str]) -> dict[str, Any]:
+    """Fraction of the tokens of ``conts`` inside ``ids`` (pooled, and per source)."""
+    s = set(ids)
+    tot = sum(len(c) for c in conts)
+    out: dict[str, Any] = {"coverage": sum(t in s for c in conts for t in c) / max(1, tot)}
+    by = {}
+    for src in SOURCES:
+        xs = [c for c, so in zip(conts, sources) if so == src]
+        n = sum(len(c) for c in xs)
+        if n:
+            by[src] = sum(t in s for c in xs for t in c) / n
+    out["by_source"] = by
+    return out
+
+
+@torch.no_grad()
+def step_costs(models: dict[str, Any], prompt: list[int], reps: int, rows: Sequence[int] = (1, 3)
+               ) -> dict[str, Any]:
+    """Median wall time (ms) of one single-token KV-cache step of each model with each row count, after the
+    same prompt, every (model, rows) call interleaved with the others in each repetition (HFSession)."""
+    from mdv.models.hf import HFModel
+
+    sessions = {}
+    for name, m in models.items():
+        for R in rows:
+            sess = HFModel(m).new_session()
+            sess.prefill(prompt[:-1])
+            sess.fork(int(R))
+            sessions[(name, int(R))] = sess
+
+    def one(key: tuple[str, int]) -> float:
+        sess = sessions[key]
+        L = sess.length
+        x = torch.full((key[1], 1), prompt[-1], dtype=torch.long)
+        t0 = time.perf_counter()
+        sess.extend(x)
+        dt = time.perf_counter() - t0
+        sess.crop(L)
+        return dt
+
+    for _ in range(2):  # warm-up
+        for key in sessions:
+            one(key)
+    times: dict[tuple[str, int], list[float]] = {k: [] for k in sessions}
+    for _ in range(reps):
+        for key in sessions:
+            times[key].append(one(key))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    ms = {name: {str(R): round(1e3 * med(times[(name, int(R))]), 3) for R in rows} for name in models}
+    ref = next(iter(models))
+    return {"ms": ms, f"ratio_to_{ref}": {name: {str(R): round(ms[name][str(R)] / ms[ref][str(R)], 4) for R in rows}
+                                          for name in models if name != ref},
+            "context_tokens": len(prompt), "reps": reps, "rows": [int(R) for R in rows],
+            "via": "mdv.models.hf.HFSession",
+            "note": "median single-token step with a KV cache (rows = sequences in the batch); every model and row"
+                    f" count interleaved in each repetition; CPU, {torch.get_num_threads()} thread(s), shared machine"}
+
+
+def head_subset(cfg: DictConfig, target: Any, tok: Any, train: list[dict[str, Any]], held: list[dict[str, Any]],
+                seqs: list[dict[str, Any]], out_dir: Path, cache: Path | None) -> dict[str, Any]:
+    """Step 6 of the recipe: choose, write and register the head vocabulary subset, then measure it against
+    the full head (on the shipped decoder layers in ``out_dir``); returns the report's ``head_subset``."""
+    hs = cfg.head_subset
+    t0 = time.perf_counter()
+    V = int(target.get_output_embeddings().weight.shape[0])
+    size = int(hs.size)
+    sizes = sorted({int(z) for z in hs.sizes} | {size})
+    if not 0 < size <= V or any(not 0 < z <= V for z in sizes):
+        raise ValueError(f"head_subset sizes must lie in [1, {V}]; got size={size}, sizes={sizes}")
+    always = always_in_head(tok)
+    gen, text = token_frequencies(seqs, train, tok)
+    ranking = head_ranking(gen, text, V, float(hs.generation_weight), always)
+    subsets = {z: sorted(ranking[:z]) for z in sizes}
+    # coverage: the target's greedy tokens on every held-out prompt
+    prompts = [chat_ids(tok, r["user"]) for r in held]
+    conts, _ = batched_generate(target, tok, prompts, int(hs.coverage_max_new_tokens), 0.0, 1.0,
+                                int(hs.coverage_batch_size), int(cfg.seed), desc="target greedy (coverage)",
+                                cache=cache)
+    sources = [r["source"] for r in held]
+    gen_conts = [sq["ids"][sq["prompt_len"]:] for sq in seqs if sq["kind"] == "generation"]
+    table = []
+    for z in sizes:
+        cov = coverage(subsets[z], conts, sources)
+        table.append({"size": z, "heldout_coverage": cov["coverage"], "heldout_coverage_by_source": cov["by_source"],
+                      "train_generation_coverage": coverage(subsets[z], gen_conts, ["-"] * len(gen_conts))["coverage"]})
+    # ship the chosen subset and name it in the draft config
+    name = str(cfg.output.name)
+    ids_path = out_dir / (str(hs.file) if hs.get("file") else dp.head_ids_path(name, out_dir).name)
+    recipe = "python experiments/train_draft.py " + " ".join(sys.argv[1:])
+    sha = dp.write_head_ids(ids_path, subsets[size], V, {  # a function of the data and head_subset.* only
+        "draft": name, "made_by": "python experiments/train_draft.py (step 6)",
+        "selection": {"generation_weight": float(hs.generation_weight), "always_included": len(always),
+                      "seen_tokens": {"generation": sum(gen.values()), "text": sum(text.values())},
+                      "distinct_seen": len(set(gen) | set(text)),
+                      "rule": "special/chat-template ids, then mixed relative frequency in the training text"
+                              " (descending), ties and unseen ids by id; stored sorted"}})
+    cpath = dp.draft_config_path(name, out_dir)
+    dcfg = json.loads(cpath.read_text())
+    dcfg.update({"head_vocab_subset": ids_path.name, "head_vocab_subset_sha256": sha, "head_vocab_size": size,
+                 "head_subset_recipe": {"command": recipe.strip(),
+                                        "config": OmegaConf.to_container(hs, resolve=True)}})
+    cpath.write_text(json.dumps(dcfg, indent=2) + "\n")
+    # the draft with each head, built on the shipped layers (the chosen one as load_draft builds it)
+    full = dp.load_draft(target, name, out_dir, head="full")
+    drafts = {"full": full}
+    W = target.get_output_embeddings().weight
+    for z in sizes:
+        drafts[f"subset_{z}"] = (dp.load_draft(target, name, out_dir, head="subset") if z == size
+                                 else dp.restrict_head(copy.deepcopy(full), subsets[z], W))
+    e = cfg.eval
+    temps = [float(e.be_temperature), 1.0]
+    agree = {}
+    for key, d in tqdm(list(drafts.items()), desc="agreement by head", unit="head"):
+        a = greedy_agreement(target, d, tok, held, int(e.num_prompts), int(e.max_new_tokens), int(cfg.seed),
+                             cache, temperatures=temps)
+        agree[key] = {k: a[k] for k in ("greedy_agreement", "by_source", "positions", "expected_acceptance")}
+    for row in table:
+        row.update({"greedy_agreement": agree[f"subset_{row['size']}"]["greedy_agreement"],
+                    "expected_acceptance": agree[f"subset_{row['size']}"]["expected_acceptance"]})
+    first = interleave(held, int(cfg.seed) + 11)[0]
+    costs = step_costs({"target": target, **drafts}, chat_ids(tok, first["user"]), int(hs.cost_reps),
+                       [int(R) for R in hs.cost_rows])
+    for row in table:
+        row["draft_step_ms"] = costs["ms"][f"subset_{row['size']}"]
+        row["draft_target_step_ratio"] = costs["ratio_to_target"][f"subset_{row['size']}"]
+    be = {}
+    if hs.block_efficiency:
+        for key in ("full", f"subset_{size}"):
+            be[key] = block_efficiency(target, drafts[key], tok, held, cfg)
+    chosen = next(row for row in table if row["size"] == size)
+    return {
+        "size": size, "vocab_size": V, "file": ids_path.name, "sha256": sha,
+        "heldout_coverage": chosen["heldout_coverage"],
+        "greedy_agreement": {"subset": agree[f"subset_{size}"]["greedy_agreement"],
+                             "full": agree["full"]["greedy_agreement"]},
+        "draft_target_step_ratio": {"subset": costs["ratio_to_target"][f"subset_{size}"],
+                                    "full": costs["ratio_to_target"]["full"]},
+        "sizes": table, "full_head": {"greedy_agreement": agree["full"]["greedy_agreement"],
+                                      "expected_acceptance": agree["full"]["expected_acceptance"],
+                                      "draft_step_ms": costs["ms"]["full"],
+                                      "draft_target_step_ratio": costs["ratio_to_target"]["full"]},
+        "agreement": agree, "step_cost": costs, "sd_block_efficiency": be or None,
+        "coverage_definition": f"fraction of the target's greedy tokens ({int(hs.coverage_max_new_tokens)} new tokens,"
+                               f" batched left-padded decoding) on all {len(held)} held-out prompts"
+                               f" ({sum(len(c) for c in conts)} tokens) that lie in the subset",
+        "agreement_definition": f"greedy_agreement() on the report's {int(e.num_prompts)} held-out prompts"
+                                f" x {int(e.max_new_tokens)} tokens, per head; expected_acceptance at T ="
+                                f" {temps} over the same positions",
+        "recipe": recipe.strip(), "config": OmegaConf.to_container(hs, resolve=True),
+        "machine": {"threads": torch.get_num_threads(), "torch": torch.__version__},
+        "seconds": round(time.perf_counter() - t0, 1),
+        "note": "the subset head is applied at load time to the shipped decoder layers (not retrained);"
+                " the evaluation section above measures the full-head draft",
+    }
+
+
 # -------------------------------------------------------------------------------------------- main
 @hydra.main(version_base=None, config_path="../conf", config_name="train_draft")
 @clean_errors
@@ -545,6 +775,10 @@ def main(cfg: DictConfig) -> None:
         p.requires_grad_(False)
     recs = load_prompt_records()
     train, held = split_records(recs, dict(cfg.data.holdout), int(cfg.seed))
+    if cfg.head_subset_only:
+        head_subset_only(cfg, target, tok, train, held, out_dir, cache)
+        return
+    subset_section: dict[str, Any] | None = None
     report: dict[str, Any] = {
         "draft": cfg.output.name, "target": dp.TARGET_ASSET,
         "recipe": "python experiments/train_draft.py " + " ".join(sys.argv[1:]),
@@ -566,6 +800,8 @@ def main(cfg: DictConfig) -> None:
                 "recipe": report["recipe"], "config": report["config"]}
         dtype = getattr(torch, str(cfg.output.weights_dtype))
         wpath, cpath = dp.save_draft(draft, meta, cfg.output.name, out_dir, dtype)
+        if cfg.head_subset.enabled:  # step 6; the draft config was just rewritten by save_draft
+            subset_section = head_subset(cfg, target, tok, train, held, seqs, out_dir, cache)
         report["data"] = data_info
         report["training"] = train_info
         report["files"] = {"weights": str(wpath.relative_to(REPO)) if wpath.is_relative_to(REPO) else str(wpath),
@@ -578,12 +814,19 @@ def main(cfg: DictConfig) -> None:
         if old.is_file():
             prev = json.loads(old.read_text())
             for k in ("data", "training", "files", "recipe_wall_seconds_before_eval",
-                      "recipe_cpu_seconds_before_eval", "recipe", "config"):
+                      "recipe_cpu_seconds_before_eval", "recipe", "config", "head_subset"):
                 if k in prev:
                     report[k] = prev[k]
-    # Evaluate exactly what ships: reload from the saved (fp16) files.
-    draft = dp.load_draft(target, cfg.output.name, out_dir)
+        if cfg.head_subset.enabled:
+            seqs, _ = build_sequences(cfg, tok, target, train, cache)
+            subset_section = head_subset(cfg, target, tok, train, held, seqs, out_dir, cache)
+    # Evaluate the trained layers as saved (fp16), with the target's full head; the head_subset
+    # section compares the subset head with it.
+    draft = dp.load_draft(target, cfg.output.name, out_dir, head="full")
     report["evaluation"] = evaluate(cfg, target, draft, tok, held, cache)
+    if subset_section is not None:
+        report.pop("head_subset", None)
+        report["head_subset"] = subset_section
     report["total_wall_seconds"] = round(time.perf_counter() - wall0, 1)
     report["total_cpu_seconds"] = round(time.process_time() - cpu0, 1)
     if "data" in report and "training" in report:
@@ -596,12 +839,7 @@ def main(cfg: DictConfig) -> None:
             "note": "each stage as measured when it was computed (generations and teacher states are cached"
                     " per chunk/sequence, so a rerun may reuse them); model loading excluded"}
     (out_dir / cfg.output.report).write_text(json.dumps(report, indent=2) + "\n")
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        (Path(HydraConfig.get().runtime.output_dir) / "metrics.json").write_text(json.dumps(report, indent=2))
-    except Exception:  # noqa: BLE001 - the copy in the Hydra folder is a convenience
-        pass
+    _hydra_copy(report)
     ev = report["evaluation"]
     print(f"greedy agreement (held-out, {ev['agreement']['positions']} positions): "
           f"{ev['agreement']['greedy_agreement']:.3f}  by source {ev['agreement']['by_source']}")
@@ -610,8 +848,49 @@ def main(cfg: DictConfig) -> None:
     be = ev["sd_block_efficiency"]
     if be and "block_efficiency_mean_over_prompts" in be:
         print(f"sd L={be['L']} T={be['temperature']}: block efficiency {be['block_efficiency_mean_over_prompts']:.2f}")
+    if "head_subset" in report:
+        _print_head_subset(report["head_subset"])
     print(f"report: {out_dir / cfg.output.report}  (wall {report['total_wall_seconds']:.0f} s, "
           f"cpu {report['total_cpu_seconds']:.0f} s)")
+
+
+def _hydra_copy(report: dict[str, Any]) -> None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        (Path(HydraConfig.get().runtime.output_dir) / "metrics.json").write_text(json.dumps(report, indent=2))
+    except Exception:  # noqa: BLE001 - the copy in the Hydra folder is a convenience
+        pass
+
+
+def _print_head_subset(hs: dict[str, Any]) -> None:
+    print(f"head subset ({hs['file']}): {hs['size']} of {hs['vocab_size']} rows")
+    for row in hs["sizes"]:
+        ms = " / ".join(f"{v:.1f}" for v in row["draft_step_ms"].values())
+        print(f"  {row['size']:6d} rows: held-out coverage {row['heldout_coverage']:.3f}, greedy agreement"
+              f" {row['greedy_agreement']:.3f}, draft step {ms} ms (rows {'/'.join(row['draft_step_ms'])})")
+    f = hs["full_head"]
+    ms = " / ".join(f"{v:.1f}" for v in f["draft_step_ms"].values())
+    print(f"  full head: greedy agreement {f['greedy_agreement']:.3f}, draft step {ms} ms;"
+          f" target {' / '.join(f'{v:.1f}' for v in hs['step_cost']['ms']['target'].values())} ms")
+
+
+def head_subset_only(cfg: DictConfig, target: Any, tok: Any, train: list[dict[str, Any]],
+                     held: list[dict[str, Any]], out_dir: Path, cache: Path) -> None:
+    """``head_subset_only=true``: step 6 alone on the draft already in ``output.dir``; every other section
+    of the report is kept as it is (the training text comes from the cache, or is regenerated)."""
+    from mdv.errors import MissingAssetError
+
+    rpath = out_dir / cfg.output.report
+    if not rpath.is_file() or not dp.draft_config_path(cfg.output.name, out_dir).is_file():
+        raise MissingAssetError(f"head_subset_only needs the draft and its report in {out_dir}; run the recipe first")
+    report = json.loads(rpath.read_text())
+    seqs, _ = build_sequences(cfg, tok, target, train, cache)
+    report["head_subset"] = head_subset(cfg, target, tok, train, held, seqs, out_dir, cache)
+    rpath.write_text(json.dumps(report, indent=2) + "\n")
+    _hydra_copy(report)
+    _print_head_subset(report["head_subset"])
+    print(f"report: {rpath}")
 
 
 if __name__ == "__main__":

@@ -493,7 +493,7 @@ def load_pair(device: torch.device, pair: PairKind = PairKind.default, tiny: Tin
         raise MissingAssetError(f"the default model pair is unavailable: {reason}")
     t, d, tok = default_pair.load_default_pair(torch.float32)
     return (HFModel(t.to(device), tok, name="SmolLM2-135M-Instruct (default target)"),
-            HFModel(d.to(device), tok, name=f"{default_pair.DRAFT_NAME} (default draft)"), tok)
+            HFModel(d.to(device), tok, name=f"{default_pair.draft_description(d)} (default draft)"), tok)
 
 
 def pair_identity(pair: PairKind) -> dict[str, Any]:
@@ -507,7 +507,9 @@ def pair_identity(pair: PairKind) -> dict[str, Any]:
     except (OSError, ValueError):
         cfg = {}
     return {"pair": "default", "target_asset": default_pair.TARGET_ASSET, "draft": default_pair.DRAFT_NAME,
-            "draft_weights_sha256": cfg.get("weights_sha256"), "draft_num_layers": cfg.get("num_hidden_layers")}
+            "draft_weights_sha256": cfg.get("weights_sha256"), "draft_num_layers": cfg.get("num_hidden_layers"),
+            "draft_head_vocab_size": cfg.get("head_vocab_size"),
+            "draft_head_vocab_subset_sha256": cfg.get("head_vocab_subset_sha256")}
 
 
 def _pair_available(pair: PairKind) -> tuple[bool, str]:

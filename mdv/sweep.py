@@ -853,7 +853,7 @@ def load_models(m: ModelsGroup) -> LoadedModels:
         t, d, tok = default_pair.load_default_pair(dtype)
         t, d = t.to(device), d.to(device)
         target = HFModel(t, tok, name=f"SmolLM2-135M-Instruct (GGUF Q4_1 asset {default_pair.TARGET_ASSET})")
-        draft = HFModel(d, tok, name=f"{default_pair.DRAFT_NAME} ({d.config.num_hidden_layers} layers, mdv)")
+        draft = HFModel(d, tok, name=default_pair.draft_description(d))
     else:
         if kind == ModelKind.assets:
             from mdv import assets

@@ -2,13 +2,18 @@
 
 The fast tests build fake assets and fake archives in a temporary cache; nothing is downloaded.
 The slow tests load SmolLM2-135M-Instruct and the shipped draft; they are skipped, with the fetch
-command in the reason, when the target file is not in the cache.
+command in the reason, when the target file is not in the cache.  The draft's head restricted to a
+vocabulary subset (``SubsetHead``) is tested on tiny float64 models (logits, KV-cache sessions, exact
+output laws) and on the real pair (logits equal the full-head draft's on the subset, T = 0 equality).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
+import json
 import os
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -154,6 +159,164 @@ def test_shipped_draft_files_are_small() -> None:
     assert dp.draft_config_path().is_file()
 
 
+# ------------------------------------------------------------------------- head vocabulary subset
+SUBSET8 = [0, 2, 3, 5, 6]  # a head subset of a vocabulary of 8 (token 3 is the law tests' prompt)
+
+
+def _tiny_subset_pair(V: int = 8, seed: int = 7, scale: float = 15.0, ids=SUBSET8):
+    """(target, full-head draft, subset-head draft) as HFModels on tiny float64 Llamas."""
+    from mdv.models import default_pair as dp
+    from mdv.models.hf import HFModel
+    from tests.test_hf_model import tiny_pair
+
+    target, draft = tiny_pair(V, seed=seed, scale=scale)
+    sub = dp.restrict_head(copy.deepcopy(draft.model), ids)
+    return target, draft, HFModel(sub)
+
+
+def test_subset_head_logits_and_width() -> None:
+    from mdv.models.default_pair import SubsetHead
+
+    _, full, sub = _tiny_subset_pair()
+    assert isinstance(sub.model.get_output_embeddings(), SubsetHead)
+    assert sub.vocab_size == full.vocab_size == 8  # the width every caller sees is unchanged
+    assert not hasattr(sub.model.get_output_embeddings(), "weight")
+    x = torch.tensor([[3, 1, 4, 1, 5, 2]])
+    with torch.no_grad():
+        a, b = full.model(input_ids=x).logits, sub.model(input_ids=x).logits
+    inside = torch.zeros(8, dtype=torch.bool)
+    inside[SUBSET8] = True
+    assert torch.allclose(a[..., inside], b[..., inside], atol=1e-12, rtol=0)
+    assert torch.isneginf(b[..., ~inside]).all()
+    lp = sub.next_logprobs([(3, 1), (4,)])
+    assert torch.isneginf(lp[:, ~inside]).all() and torch.allclose(lp.exp().sum(-1), torch.ones(2, dtype=torch.float64))
+
+
+def test_subset_head_rejects_bad_ids() -> None:
+    from mdv.models.default_pair import SubsetHead
+
+    w = torch.randn(8, 4)
+    for bad in ([], [0, 8], [-1, 2], [3, 2], [2, 2]):
+        with pytest.raises(ValueError):
+            SubsetHead(w, bad)
+
+
+def test_subset_head_kv_sessions_equal_full_forward() -> None:
+    """prefill / extend / fork / keep / crop on the subset-head draft give the logits of fresh forward passes."""
+    _, _, sub = _tiny_subset_pair(V=32, seed=0, scale=30.0, ids=list(range(0, 32, 3)))
+
+    def fresh(seq):
+        with torch.no_grad():
+            return sub.model(input_ids=torch.tensor([seq])).logits[0, -1]
+
+    def same(a, b):
+        fin = torch.isfinite(b)
+        return torch.equal(torch.isfinite(a), fin) and torch.allclose(a[fin], b[fin], atol=1e-10, rtol=0)
+
+    s = sub.new_session()
+    s.prefill([1, 5, 7])
+    s.fork(3)
+    rows = torch.tensor([[2, 4], [6, 9], [11, 3]])
+    out = s.extend(rows)  # [3, 2, V]
+    for r in range(3):
+        assert same(out[r, -1], fresh([1, 5, 7, *rows[r].tolist()]))
+    s.keep(1)
+    s.crop(4)  # [1, 5, 7, 6]
+    out = s.extend(torch.tensor([[12]]))
+    assert same(out[0, -1], fresh([1, 5, 7, 6, 12]))
+
+
+@pytest.mark.parametrize("method,K", [("sd", 1), ("bv", 1), ("gbv", 1), ("spectr", 2), ("mdbv", 2)])
+def test_subset_head_draft_keeps_the_output_law_exact(method: str, K: int) -> None:
+    """The exact law of the first 3 tokens with a subset-head draft (q = 0 outside the subset) is the
+    target's, at T = 1 and at T = 0.7 with top-k (exact oracle over the real HFModel probabilities)."""
+    from mdv.oracle import exact_law, target_law, total_variation
+
+    target, _, sub = _tiny_subset_pair()
+    for kw in ({}, {"temperature": 0.7, "top_k": 6}):
+        law = exact_law(method, target, sub, K, 2, 3, [3], **kw)
+        assert total_variation(law, target_law(target, 3, [3], **kw)) < 1e-12, (method, kw)
+
+
+def test_subset_head_greedy_equals_target_greedy() -> None:
+    import mdv
+
+    target, _, sub = _tiny_subset_pair(V=32, seed=0, scale=30.0, ids=list(range(0, 32, 2)))
+    ar = mdv.generate(target, None, [1, 5, 7], "ar", temperature=0.0, max_new_tokens=24, eos_token_id=[]).tokens
+    assert any(t % 2 for t in ar), "the target's greedy tokens should leave the subset somewhere"
+    for method, K in (("sd", 1), ("gbv", 1), ("mdbv", 3)):
+        got = mdv.generate(target, sub, [1, 5, 7], method, K=K, L=4, temperature=0.0, max_new_tokens=24,
+                           eos_token_id=[]).tokens
+        assert got == ar, method
+
+
+def test_head_ids_file_round_trip(tmp_path: Path) -> None:
+    from mdv.models import default_pair as dp
+
+    p = tmp_path / "ids.json"
+    sha = dp.write_head_ids(p, [5, 1, 3, 3], 8, {"note": "x"})
+    assert sha == dp.sha256_bytes(p)
+    assert dp.read_head_ids(p, 8, 3) == [1, 3, 5]
+    assert json.loads(p.read_text())["note"] == "x"
+    with pytest.raises(ValueError, match="vocabulary size"):
+        dp.read_head_ids(p, 16)
+    with pytest.raises(ValueError, match="head_vocab_size=4"):
+        dp.read_head_ids(p, 8, 4)
+    p.write_text(json.dumps({"format": 1, "vocab_size": 8, "ids": [3, 1]}))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        dp.read_head_ids(p, 8)
+    with pytest.raises(ValueError):
+        dp.write_head_ids(p, [0, 8], 8)
+
+
+def test_shipped_head_subset_is_registered_and_checked() -> None:
+    """The shipped id list: named in the draft config with its sha256 and size, small, valid, and holding
+    SmolLM2's 17 special/added tokens (ids 0-16: <|endoftext|>, <|im_start|>, <|im_end|> = EOS, ...)."""
+    from mdv.models import default_pair as dp
+
+    cfg = json.loads(dp.draft_config_path().read_text())
+    p = dp.draft_config_path().parent / cfg["head_vocab_subset"]
+    assert p == dp.head_ids_path() and p.stat().st_size < 2**20
+    assert dp.sha256_bytes(p) == cfg["head_vocab_subset_sha256"]
+    ids = dp.read_head_ids(p, 49152, cfg["head_vocab_size"])
+    assert set(range(17)) <= set(ids)
+    report = json.loads((dp.DATA_DIR / "draft_report.json").read_text())
+    hs = report["head_subset"]
+    assert hs["size"] == len(ids) and hs["sha256"] == cfg["head_vocab_subset_sha256"]
+
+
+def _draft_copy(tmp_path: Path, name: str) -> Path:
+    from mdv.models import default_pair as dp
+
+    d = tmp_path / name
+    d.mkdir()
+    for f in (dp.draft_config_path(), dp.draft_weights_path(), dp.head_ids_path()):
+        shutil.copy(f, d)
+    return d
+
+
+def test_load_draft_checks_the_head_subset_file(tmp_path: Path) -> None:
+    """The id list is checked like the weights (before the target is touched: target=None here)."""
+    from mdv.models import default_pair as dp
+
+    d = _draft_copy(tmp_path, "tampered")
+    ids = dp.head_ids_path(data_dir=d)
+    ids.write_text(ids.read_text().replace('"ids": [0,', '"ids": [1,'))
+    with pytest.raises(MissingAssetError, match=r"head_ids.json does not match the sha256 recorded in"):
+        dp.load_draft(None, data_dir=d)
+    ids.unlink()
+    with pytest.raises(MissingAssetError, match=r"head vocabulary subset .* is missing"):
+        dp.load_draft(None, data_dir=d)
+    d = _draft_copy(tmp_path, "no_subset")
+    cfg = json.loads(dp.draft_config_path(data_dir=d).read_text())
+    del cfg["head_vocab_subset"]
+    dp.draft_config_path(data_dir=d).write_text(json.dumps(cfg))
+    with pytest.raises(MissingAssetError, match=r"names no head vocabulary subset.*head='full'"):
+        dp.load_draft(None, data_dir=d)
+    with pytest.raises(UnknownNameError, match="valid draft heads are: full, subset"):
+        dp.load_draft(None, data_dir=d, head="half")
+
+
 # ------------------------------------------------------------------------------------ slow tests
 def _skip_reason() -> str | None:
     from mdv.models.default_pair import default_pair_available
@@ -179,13 +342,19 @@ def test_pair_loads_and_vocabularies_match(pair) -> None:
     assert len(tok) == 49152
     assert target.config.vocab_size == draft.config.vocab_size == 49152
     assert draft.config.num_hidden_layers < target.config.num_hidden_layers
-    assert torch.equal(draft.get_output_embeddings().weight, target.get_output_embeddings().weight)
+    head = draft.get_output_embeddings()  # the default: the head restricted to the shipped subset
+    from mdv.models.default_pair import SubsetHead, head_ids_path, read_head_ids
+
+    assert isinstance(head, SubsetHead) and head.vocab_size == 49152
+    assert head.ids.tolist() == read_head_ids(head_ids_path(), 49152)
+    assert torch.equal(head.rows, target.get_output_embeddings().weight[head.ids])
     assert torch.equal(draft.get_input_embeddings().weight, target.get_input_embeddings().weight)
     n_draft_own = sum(p.numel() for n, p in draft.named_parameters() if "embed_tokens" not in n and "lm_head" not in n)
     assert n_draft_own < 15e6
     from mdv.models.hf import HFModel
 
     assert HFModel(target, tok).same_vocabulary(HFModel(draft, tok))
+    assert HFModel(draft, tok).vocab_size == HFModel(target, tok).vocab_size == 49152
 
 
 @pytest.mark.slow
@@ -256,3 +425,72 @@ def test_every_method_equals_greedy_on_the_default_pair(pair) -> None:
             ties += 1
     # a tie should be rare; if most runs diverge the test would only be checking ties
     assert identical >= len(GREEDY_PROMPTS) * len(GREEDY_SETTINGS) - 3, f"{identical} identical, {ties} ties"
+
+
+@pytest.fixture(scope="module")
+def full_draft(pair):
+    """The shipped draft with the target's full head (load_draft(head="full")), around the pair's target."""
+    from mdv.models.default_pair import load_draft
+
+    return load_draft(pair[0], head="full")
+
+
+def _chat(tok, text: str) -> list[int]:
+    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                   return_tensors="pt", return_dict=True)["input_ids"][0].tolist()
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_subset_draft_logits_equal_full_draft_on_the_subset(pair, full_draft) -> None:
+    """Full forward and KV-cache sessions (fork / keep / crop): the subset-head draft's logits equal the
+    full-head draft's on the subset ids (float32 tolerance) and are -inf elsewhere."""
+    from mdv.models.hf import HFModel
+
+    target, draft, tok = pair
+    ids = _chat(tok, GREEDY_PROMPTS[0]) + tok.encode("def is_prime(n):\n    if n < 2:", add_special_tokens=False)
+    inside = torch.zeros(49152, dtype=torch.bool)
+    inside[draft.get_output_embeddings().ids] = True
+
+    def check(a, b):  # a: full-head logits, b: subset-head logits, [..., V]
+        assert torch.isneginf(b[..., ~inside]).all()
+        assert torch.allclose(a[..., inside], b[..., inside], atol=1e-4, rtol=1e-5), \
+            float((a[..., inside] - b[..., inside]).abs().max())
+
+    check(full_draft(input_ids=torch.tensor([ids])).logits, draft(input_ids=torch.tensor([ids])).logits)
+    sessions = []
+    for m in (full_draft, draft):
+        s = HFModel(m, tok).new_session()
+        s.prefill(ids[:-3])
+        s.fork(3)
+        sessions.append(s)
+    x = torch.tensor([[ids[-3], ids[-2]], [ids[-3], 13], [28, 29]])
+    check(sessions[0].extend(x), sessions[1].extend(x))
+    for s in sessions:
+        s.keep(0)
+        s.crop(len(ids) - 2)
+    y = torch.tensor([[ids[-2], ids[-1]]])
+    check(sessions[0].extend(y), sessions[1].extend(y))
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_sd_with_subset_draft_equals_greedy(pair) -> None:
+    """T = 0, sd, K = 1, L = 4, 32 tokens with the (default) subset-head draft: the target's AR greedy
+    tokens, or a first difference at a float32 logit tie (see the test above)."""
+    import mdv
+    from mdv.models import HFModel
+
+    target_lm, draft_lm, tok = pair
+    assert draft_lm.config.head_vocab_size < 49152  # the subset head is what runs here
+    target, draft = HFModel(target_lm, tok), HFModel(draft_lm, tok)
+    ids = _chat(tok, GREEDY_PROMPTS[1])
+    greedy = mdv.generate(target, None, ids, "ar", temperature=0.0, max_new_tokens=32, eos_token_id=[]).tokens
+    got = mdv.generate(target, draft, ids, "sd", K=1, L=4, temperature=0.0, max_new_tokens=32, eos_token_id=[])
+    assert len(got.tokens) == 32 and got.stats["target_calls"] < 32
+    if got.tokens != greedy:
+        i = next(j for j, (a, b) in enumerate(zip(got.tokens, greedy)) if a != b)
+        logits = target_lm(input_ids=torch.tensor([ids + greedy[:i]])).logits[0, -1].double()
+        top2 = torch.topk(logits, 2)
+        assert float(top2.values[0] - top2.values[1]) < LOGIT_TIE and \
+            {got.tokens[i], greedy[i]} == set(top2.indices.tolist()), f"sd differs from greedy at token {i}"

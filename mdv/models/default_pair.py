@@ -8,6 +8,13 @@ repository ships only the trained decoder layers and the final norm (``mdv/asset
 safetensors + a JSON config).  ``experiments/train_draft.py`` (``conf/train_draft.yaml``) is the
 recipe that produced them.
 
+On a CPU the 49,152-row output head costs most of a draft step, so by default the draft's head keeps
+only the rows of a vocabulary subset (the ids listed in ``<name>.head_ids.json``, chosen by the recipe
+from token frequencies of its training text; see :class:`SubsetHead`).  The draft still returns
+full-vocabulary logits, ``-inf`` outside the subset: its proposal law q is 0 there, which every
+verifier handles, and the output law stays the target's.  ``load_default_pair(draft_head="full")``
+loads the full-head draft for comparison.
+
 >>> from mdv.models.default_pair import load_default_pair          # doctest: +SKIP
 >>> target, draft, tok = load_default_pair()                       # doctest: +SKIP
 >>> from mdv.models import HFModel                                  # doctest: +SKIP
@@ -24,13 +31,73 @@ from typing import Any, Sequence
 import torch
 
 from mdv import assets
-from mdv.errors import MissingAssetError
+from mdv.errors import MissingAssetError, unknown_name
 
 TARGET_ASSET = "smollm2-135m-instruct"
 DATA_DIR = Path(__file__).resolve().parent.parent / "assets_data"
 DRAFT_NAME = "smollm2-135m-instruct-draft"
 #: Parameters the draft takes from the target at load time (never shipped).
 SHARED_FROM_TARGET = ("model.embed_tokens.weight", "lm_head.weight")
+#: The draft heads load_draft can build: the head restricted to the shipped vocabulary subset, or the full head.
+DRAFT_HEADS = ("subset", "full")
+#: Format of the shipped id-list file (``head_ids_path``).
+HEAD_IDS_FORMAT = 1
+
+
+class SubsetHead(torch.nn.Module):
+    """An output head over the vocabulary subset ``ids`` that returns full-width logits.
+
+    ``rows`` are the rows ``ids`` of a full head ``weight`` [V, d] (a copy); ``forward(h [..., d])`` computes
+    ``h @ rows.T`` and scatters it into a ``[..., V]`` tensor filled with ``-inf``, so the logits equal the
+    full head's on ``ids`` (up to floating-point summation order) and are ``-inf`` elsewhere.  A model
+    whose ``lm_head`` is a SubsetHead keeps its vocabulary width for every caller (HFModel, sessions, the
+    engine); its sampling law is 0 outside ``ids``.  The module has no ``weight`` attribute on purpose:
+    code that reads ``get_output_embeddings().weight`` for the vocabulary width falls back to the config.
+    """
+
+    def __init__(self, weight: torch.Tensor, ids: Sequence[int] | torch.Tensor, vocab_size: int | None = None):
+        super().__init__()
+        idx = torch.as_tensor(ids, dtype=torch.long, device=weight.device).flatten()
+        V = int(weight.shape[0]) if vocab_size is None else int(vocab_size)
+        if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= min(V, int(weight.shape[0])):
+            raise ValueError(f"subset ids must be non-empty and lie in [0, {V})")
+        if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
+            raise ValueError("subset ids must be strictly increasing")
+        self.vocab_size = V
+        self.register_buffer("ids", idx.clone())
+        self.rows = torch.nn.Parameter(weight.detach()[idx].clone(), requires_grad=False)
+
+    @property
+    def subset_size(self) -> int:
+        return int(self.ids.numel())
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        sub = torch.nn.functional.linear(hidden, self.rows)
+        out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.ids, sub)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.rows.shape[1]}, subset={self.subset_size}, vocab_size={self.vocab_size}"
+
+
+def draft_description(draft: Any) -> str:
+    """``"<DRAFT_NAME> (<n> layers, <head> head, mdv)"``: names the head (subset rows or full), so results
+    made with different heads never share a name (speed differs; exactness does not)."""
+    head = getattr(draft, "lm_head", None)
+    rows = f"{head.subset_size}-token subset" if isinstance(head, SubsetHead) else "full-vocabulary"
+    return f"{DRAFT_NAME} ({draft.config.num_hidden_layers} layers, {rows} head, mdv)"
+
+
+def restrict_head(draft: Any, ids: Sequence[int] | torch.Tensor, weight: torch.Tensor | None = None) -> Any:
+    """Replace ``draft.lm_head`` (in place) by a :class:`SubsetHead` over ``ids`` (rows of ``weight``,
+    default the draft's current head) and untie it from the embedding; returns ``draft``."""
+    if weight is None:
+        weight = draft.get_output_embeddings().weight
+    V = int(draft.config.vocab_size)
+    draft.lm_head = SubsetHead(weight, ids, V)
+    draft.config.tie_word_embeddings = False  # nothing may re-tie lm_head.weight to the embedding
+    draft.config.head_vocab_size = draft.lm_head.subset_size
+    return draft
 
 
 def draft_config_path(name: str = DRAFT_NAME, data_dir: Path | None = None) -> Path:
@@ -108,8 +175,46 @@ def make_draft(target: Any, num_layers: int, init_layers: Sequence[int] | None =
 
 
 def trained_state(draft: Any) -> dict[str, torch.Tensor]:
-    """The draft parameters that the recipe trains and ships: everything except the shared ones."""
-    return {k: v.detach() for k, v in draft.state_dict().items() if k not in SHARED_FROM_TARGET}
+    """The draft parameters that the recipe trains and ships: everything except the shared ones (the
+    embedding and the output head, whole or restricted to a subset)."""
+    return {k: v.detach() for k, v in draft.state_dict().items()
+            if k not in SHARED_FROM_TARGET and not k.startswith("lm_head.")}
+
+
+def head_ids_path(name: str = DRAFT_NAME, data_dir: Path | None = None) -> Path:
+    """The default file name of a draft's head vocabulary subset (the id list)."""
+    return (data_dir or DATA_DIR) / f"{name}.head_ids.json"
+
+
+def write_head_ids(path: Path, ids: Sequence[int], vocab_size: int, meta: dict[str, Any] | None = None) -> str:
+    """Write a head vocabulary subset (sorted unique ids) as JSON; return the file's sha256."""
+    ids = sorted({int(i) for i in ids})
+    if not ids or ids[0] < 0 or ids[-1] >= vocab_size:
+        raise ValueError(f"head subset ids must be non-empty and lie in [0, {vocab_size})")
+    head = {"format": HEAD_IDS_FORMAT, "vocab_size": int(vocab_size), "size": len(ids), **(meta or {})}
+    body = json.dumps(head, indent=2)[:-2]  # the metadata readable, the ids on one line
+    path.write_text(body + ',\n  "ids": ' + json.dumps(ids, separators=(",", ":")) + "\n}\n")
+    os.chmod(path, 0o644)
+    return sha256_bytes(path)
+
+
+def read_head_ids(path: Path, vocab_size: int | None = None, size: int | None = None) -> list[int]:
+    """The ids of a head-subset file, validated (sorted, unique, in range, ``size`` of them when given).
+    Raises ValueError when the file does not hold such a list."""
+    d = json.loads(path.read_text())
+    if not isinstance(d, dict) or d.get("format") != HEAD_IDS_FORMAT or not isinstance(d.get("ids"), list):
+        raise ValueError(f"not a head-subset file of format {HEAD_IDS_FORMAT}")
+    ids = d["ids"]
+    V = int(d.get("vocab_size", 0)) if vocab_size is None else int(vocab_size)
+    if d.get("vocab_size") != V:
+        raise ValueError(f"it is for vocabulary size {d.get('vocab_size')}, the model has {V}")
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError("'ids' must be a non-empty list of integers")
+    if any(b <= a for a, b in zip(ids, ids[1:])) or ids[0] < 0 or ids[-1] >= V:
+        raise ValueError(f"'ids' must be strictly increasing and lie in [0, {V})")
+    if size is not None and len(ids) != size:
+        raise ValueError(f"it holds {len(ids)} ids, the draft config records head_vocab_size={size}")
+    return ids
 
 
 def sha256_bytes(p: Path) -> str:
@@ -145,14 +250,20 @@ def save_draft(draft: Any, meta: dict[str, Any], name: str = DRAFT_NAME, data_di
     return wpath, cpath
 
 
-def load_draft(target: Any, name: str = DRAFT_NAME, data_dir: Path | None = None) -> Any:
+def load_draft(target: Any, name: str = DRAFT_NAME, data_dir: Path | None = None, head: str = "subset") -> Any:
     """Build the shipped draft ``name`` around a loaded ``target`` (embedding and head copied from it).
 
-    Raises :class:`~mdv.errors.MissingAssetError` when the shipped files are absent or do not match
-    their recorded sha256, or when they were trained for another target file.
+    ``head="subset"`` (default) restricts the output head to the vocabulary subset named by the draft
+    config (``head_vocab_subset``; a :class:`SubsetHead`: full-width logits, ``-inf`` outside the
+    subset); ``head="full"`` keeps the target's whole head.  Raises
+    :class:`~mdv.errors.MissingAssetError` when the shipped files (weights, id list) are absent or do
+    not match their recorded sha256, when they were trained for another target file, or when
+    ``head="subset"`` and the config names no subset.
     """
     from safetensors.torch import load_file
 
+    if head not in DRAFT_HEADS:
+        raise unknown_name("draft head", head, DRAFT_HEADS)
     cpath, wpath = draft_config_path(name, data_dir), draft_weights_path(name, data_dir)
     if not cpath.is_file() or not wpath.is_file():
         raise MissingAssetError(
@@ -174,6 +285,19 @@ def load_draft(target: Any, name: str = DRAFT_NAME, data_dir: Path | None = None
         raise MissingAssetError(
             f"draft {name!r} was trained for target sha256 {cfg.get('target_sha256')}, but the registry pins"
             f" {want}; regenerate it with `python experiments/train_draft.py`")
+    ids_path = None
+    if head == "subset":
+        fname = cfg.get("head_vocab_subset")
+        if not isinstance(fname, str) or not fname:
+            raise MissingAssetError(
+                f"{cpath.name} names no head vocabulary subset ('head_vocab_subset'); load the full head with"
+                " head='full' (load_default_pair(draft_head='full')), or compute the subset with"
+                " `python experiments/train_draft.py head_subset_only=true`")
+        ids_path = cpath.parent / fname
+        if not ids_path.is_file():
+            raise MissingAssetError(f"the draft's head vocabulary subset {ids_path} is missing; {fix}")
+        if sha256_bytes(ids_path) != cfg.get("head_vocab_subset_sha256"):
+            raise MissingAssetError(f"{ids_path} does not match the sha256 recorded in {cpath.name}; {fix}")
     draft = make_draft(target, int(cfg["num_hidden_layers"]), init_layers=None)
     state = load_file(str(wpath))
     dtype = next(target.parameters()).dtype
@@ -183,6 +307,14 @@ def load_draft(target: Any, name: str = DRAFT_NAME, data_dir: Path | None = None
         raise MissingAssetError(
             f"{wpath.name} does not fit the draft architecture (missing {missing}, unexpected {unexpected});"
             " regenerate it with `python experiments/train_draft.py`")
+    if ids_path is not None:
+        V = int(target.get_output_embeddings().weight.shape[0])
+        size = cfg.get("head_vocab_size")
+        try:
+            ids = read_head_ids(ids_path, V, size if isinstance(size, int) else None)
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise MissingAssetError(f"{ids_path} is not a valid head vocabulary subset ({err}); {fix}") from None
+        restrict_head(draft, ids, target.get_output_embeddings().weight)
     return draft.eval()
 
 
@@ -197,8 +329,12 @@ def default_pair_available() -> tuple[bool, str]:
     return True, ""
 
 
-def load_default_pair(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
+def load_default_pair(dtype: torch.dtype = torch.float32, draft_head: str = "subset") -> tuple[Any, Any, Any]:
     """Load the embedded default pair offline: ``(target, draft, tokenizer)``.
+
+    ``draft_head="subset"`` (default): the draft's output head covers only the shipped vocabulary
+    subset (full-width logits, ``-inf`` elsewhere: a cheaper draft step, still exact verification);
+    ``"full"``: the draft with the target's whole 49,152-row head.
 
     ``target`` and ``draft`` are raw transformers ``LlamaForCausalLM`` models (eval mode, ``dtype``)
     sharing ``tokenizer`` (SmolLM2's 49,152-token BPE, with its chat template).  Wrap them in
@@ -207,7 +343,7 @@ def load_default_pair(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any
     when the target file is absent or corrupt.
     """
     target, tokenizer = load_target(torch.float32)
-    draft = load_draft(target)
+    draft = load_draft(target, head=draft_head)
     if dtype != torch.float32:
         target, draft = target.to(dtype), draft.to(dtype)
     return target.eval(), draft.eval(), tokenizer
