@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from mdv._fs import ensure_writable_dir
 from mdv.errors import InvalidInputError
 from mdv.metrics import mean_ci, position_reach
 
@@ -1201,10 +1201,7 @@ def analyze(results_dir: Path | str, out_dir: Path | str | None = None,
     loaded = load_results(results_dir, warn)
     out = Path(out_dir) if out_dir is not None else Path(results_dir) / "analysis"
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        ensure_writable_dir(out)
     except OSError as err:
         raise AnalysisError(f"cannot write the analysis to {str(out)!r} ({err.strerror or err}); pass a writable"
                             " folder with --out DIR") from None

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from mdv._fs import ensure_writable_dir
 from mdv.errors import InvalidInputError
 
 #: The benchmarks of :class:`mdv.bench.Benchmark`, in its order (a test keeps the two in sync).
@@ -789,10 +789,7 @@ class BenchReport:
 
 def _writable(out: Path) -> None:
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        ensure_writable_dir(out)
     except OSError as err:
         raise BenchReportError(f"cannot write the bench report to {str(out)!r} ({err.strerror or err}); pass a"
                                " writable folder with --out DIR") from None
