@@ -81,10 +81,6 @@ def _int_arg(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def _prompt_list(prompt_ids: Any, vocab_size: int) -> list[int]:
-    return check_token_ids("prompt_ids", prompt_ids, vocab_size)
-
-
 def _eos_set(eos_token_id: Any, target: Any) -> frozenset[int]:
     if eos_token_id is None:
         eos_token_id = getattr(target, "eos_token_id", None)
@@ -180,7 +176,7 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
         check_pair(target, draft)
         verifier = VERIFIERS[method]()
         verifier.check_drafts(K)
-    prompt = _prompt_list(prompt_ids, V)
+    prompt = check_token_ids("prompt_ids", prompt_ids, V)
     ctx = max_context(target, draft if method != AR else None)
     check_prompt_fits(len(prompt), ctx, None if method == AR else L)
     eos = _eos_set(eos_token_id, target)

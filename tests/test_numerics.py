@@ -78,9 +78,11 @@ def frac(x: float) -> Fraction:
     return Fraction(float(x))  # the exact binary value of the float64 input
 
 
-def exact_gbv_h(block: Block, k: int = 0) -> list[Fraction]:
-    """GBV's h_1..h_L along draft k (algorithms.md §5) in exact rational arithmetic."""
-    L, V = block.L, block.V
+def exact_draft(block: Block, k: int) -> tuple[list[int], list[list[Fraction]], list[list[Fraction]],
+                                             list[Fraction], list[Fraction]]:
+    """Draft k of ``block`` in exact rationals: tokens d, rows p [L+1][V] and q [L][V], and the prefix
+    joints P_i = prod_{j<i} p_j(d_j), Q_i = prod_{j<i} q_j(d_j) for i = 0..L."""
+    L = block.L
     d = [int(x) for x in block.tokens[0, k]]
     p = [[frac(x) for x in block.p[0, k, i]] for i in range(L + 1)]
     q = [[frac(x) for x in block.q[0, k, i]] for i in range(L)]
@@ -88,6 +90,13 @@ def exact_gbv_h(block: Block, k: int = 0) -> list[Fraction]:
     for i in range(L):
         P.append(P[-1] * p[i][d[i]])
         Q.append(Q[-1] * q[i][d[i]])
+    return d, p, q, P, Q
+
+
+def exact_gbv_h(block: Block, k: int = 0) -> list[Fraction]:
+    """GBV's h_1..h_L along draft k (algorithms.md §5) in exact rational arithmetic."""
+    L, V = block.L, block.V
+    d, p, q, P, Q = exact_draft(block, k)
     h = []
     for i in range(1, L):
         s = sum(min(P[i] * p[i][x], Q[i] * q[i][x]) for x in range(V))
@@ -142,18 +151,12 @@ def exact_bv_law(block: Block) -> list[Fraction]:
 def exact_spectr_gbv_h(block: Block, k: int) -> list[Fraction]:
     """SpecTr-GBV's h along draft k (algorithms.md §6.3, phi form) in exact rational arithmetic."""
     K, L, V = block.K, block.L, block.V
-    d = [int(x) for x in block.tokens[0, k]]
-    p = [[frac(x) for x in block.p[0, k, i]] for i in range(L + 1)]
-    q = [[frac(x) for x in block.q[0, k, i]] for i in range(L)]
+    d, p, q, P, Q = exact_draft(block, k)
 
     def phi(Pv: Fraction, Qv: Fraction) -> Fraction:
         r = Fraction(1) if Pv == 0 else min(Qv / Pv, Fraction(1))
         return Pv * (1 - (1 - r) ** K)
 
-    P, Q = [Fraction(1)], [Fraction(1)]
-    for i in range(L):
-        P.append(P[-1] * p[i][d[i]])
-        Q.append(Q[-1] * q[i][d[i]])
     h = []
     for i in range(1, L):
         A = 1 - (1 - Q[i]) ** K

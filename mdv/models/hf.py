@@ -177,14 +177,19 @@ class HFModel:
         return next(self.model.parameters()).dtype
 
     def same_vocabulary(self, other: Any) -> bool:
-        """True when ``other``'s tokenizer maps the same strings to the same ids (or either has none)."""
+        """True when ``other``'s tokenizer maps the same strings to the same ids.
+
+        Only what can be compared is: when either model has no tokenizer, or a tokenizer cannot list its
+        vocabulary (``get_vocab`` absent or unimplemented), the ids cannot be checked and the pair is
+        accepted on its equal vocabulary size alone (which :func:`mdv.engine.check_pair` checks first)."""
         a, b = self.tokenizer, getattr(other, "tokenizer", None)
         if a is None or b is None or a is b:
             return True
         try:
-            return a.get_vocab() == b.get_vocab()
-        except (AttributeError, NotImplementedError):
+            va, vb = a.get_vocab(), b.get_vocab()
+        except (AttributeError, NotImplementedError):  # a tokenizer that cannot list its vocabulary
             return True
+        return va == vb
 
     # ------------------------------------------------------------------ forward passes
     @torch.no_grad()
