@@ -2,7 +2,7 @@
 
     python -m analysis.bench_report <bench output folder> [<folder> ...] [--out DIR] [--K 4] [--L 8]
 
-Input: one or more folders holding ``bench_<name>.json`` records (schema ``mdv.bench/1``, written by
+Input: one or more folders holding ``bench_<name>.json`` records (schema ``mdv.bench/<version>``, written by
 :func:`mdv.bench.run`; e.g. ``outputs/bench/<time>/``).  A folder with no record of its own is searched one
 level down, so ``outputs/bench`` itself works.  Of each benchmark the **newest** record with status ``ok``
 is used (by ``environment.timestamp``, else the file's modification time); older ones are listed as
@@ -74,6 +74,12 @@ class Record:
     @property
     def status(self) -> str:
         return self.data.get("status", "ok")
+
+    @property
+    def schema_version(self) -> int:
+        """The N of ``mdv.bench/N`` (see :data:`mdv.bench.SCHEMA`), 1 when it is not a number."""
+        tail = str(self.data.get("schema", "")).removeprefix(SCHEMA_PREFIX)
+        return int(tail) if tail.isdigit() else 1
 
     @property
     def env(self) -> dict[str, Any]:
@@ -224,7 +230,7 @@ def load_record(path: Path) -> Record:
     _check(isinstance(data, dict), f"not a bench record: a JSON {type(data).__name__}, not an object")
     schema = data.get("schema")
     _check(isinstance(schema, str) and schema.startswith(SCHEMA_PREFIX),
-           f"not a bench record: schema {schema!r}, expected {SCHEMA_PREFIX}1")
+           f"not a bench record: schema {schema!r}, expected {SCHEMA_PREFIX}<version>")
     name = data.get("benchmark")
     _check(name in BENCHMARKS, f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     _check(isinstance(data.get("status", "ok"), str), "'status' must be a string")
@@ -482,9 +488,10 @@ def section_target_pass(rec: Record) -> list[str]:
              f" {res.get('shared', 0)} shared draft tokens; device {env.get('device', '?')}, dtype {env.get('dtype', '?')};"
              f" {rec.config.get('repeats', '?')} interleaved repeats, ratios formed within a repeat.", ""]
     rows = [["single draft", res.get("single_tokens", res["L"] + 1), rng(ms["single"]), "1"],
-            ["K full rows (engine: fork + pass + keep)", res.get("k_rows_tokens", res["K"] * (res["L"] + 1)),
+            ["K full rows (fork + pass + keep; target_pass=rows)", res.get("k_rows_tokens", res["K"] * (res["L"] + 1)),
              rng(ms["k_rows"]), rng(res["k_rows_vs_single"])],
-            ["tree attention (shared prefixes once)", res.get("tree_nodes", "-"), rng(ms["tree"]),
+            ["token tree (shared prefixes once; the engine's default)" if rec.schema_version >= 2 else
+             "tree attention (shared prefixes once; benchmark only)", res.get("tree_nodes", "-"), rng(ms["tree"]),
              rng(res["tree_vs_single"])]]
     if "fork_keep" in ms:
         rows.append(["(of K full rows: fork + keep of the cache alone)", 0, rng(ms["fork_keep"]),

@@ -6,16 +6,18 @@ One iteration of :func:`generate` with a verifier:
    one row, then forks into K rows; L sequential steps sample K i.i.d. blocks ``tokens [K, L]``.
    Each token is drawn from exactly the float64 vector recorded in ``q [K, L, V]``
    (:meth:`SamplingConfig.probs`, algorithms.md §12.2).
-2. **Target.** The target session forks into K rows and scores ``[pending, D_k]`` for all k in ONE
-   batched forward pass; ``p [K, L+1, V]`` are the laws before each draft token plus the bonus
-   position, under the same sampling transform.
+2. **Target.** ONE forward pass scores ``[pending, D_k]`` for all k; ``p [K, L+1, V]`` are the laws
+   before each draft token plus the bonus position, under the same sampling transform.  With K > 1 the
+   pass is a token tree in a single row (``target_pass="tree"``, the default where the target's session
+   supports it: every distinct draft prefix scored once under a tree attention mask,
+   :mod:`mdv.models.tree`), or K full rows over a forked cache (``target_pass="rows"``).
 3. **Verify.** ``verifier.step(Block(tokens[None], q[None], p[None]), generator)`` returns tau, the
    selected draft and the correction/bonus token; greedy verifiers keep their target adjustment in
    their own state across iterations (reset per sequence).
-4. **Commit and roll back.** Emit ``D_sel[:tau] + [token]``; both caches keep row ``sel`` and are
-   cropped to the kept prefix.  The correction/bonus token (and, after a full acceptance, the last
-   draft token for the draft model) is *not* in the caches yet: it is pending and processed on the
-   next pass (algorithms.md §12.6).
+4. **Commit and roll back.** Emit ``D_sel[:tau] + [token]``; both caches keep row ``sel`` (the
+   target's tree: the path of ``D_sel[:tau]``) and are cropped to the kept prefix.  The
+   correction/bonus token (and, after a full acceptance, the last draft token for the draft model) is
+   *not* in the caches yet: it is pending and processed on the next pass (algorithms.md §12.6).
 
 Invariant between iterations: each cache holds a prefix of the committed sequence and at least its
 last token is pending.  The prompt minus its last token is prefilled; the last prompt token is fed
@@ -36,11 +38,13 @@ from mdv.errors import InvalidInputError, unknown_name
 from mdv.metrics import GenerationStats, Stopwatch
 from mdv.models.base import LanguageModel, check_model, check_token_ids
 from mdv.models.sampling import SamplingConfig
-from mdv.models.session import DecodeSession, open_session
+from mdv.models.session import DecodeSession, open_session, tree_capable
+from mdv.models.tree import build_tree
 from mdv.verify._math import categorical
 from mdv.verify.base import Block, Outcome, Verifier
 
 AR = "ar"
+TARGET_PASSES = ("auto", "tree", "rows")
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
              method: str, K: int = 1, L: int = 4, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, max_new_tokens: int = 64, seed: int = 0,
              eos_token_id: int | Sequence[int] | None = None, *,
-             on_step: Callable[[StepRecord], None] | None = None) -> GenerationResult:
+             on_step: Callable[[StepRecord], None] | None = None, target_pass: str = "auto") -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` with speculative decoding.
 
     target, draft: LanguageModels sharing one vocabulary (``HFModel`` with a KV cache, or any model
@@ -156,7 +160,9 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     iteration (single-draft verifiers need K = 1).  temperature / top_k / top_p: one sampling transform
     applied identically to target and draft (T = 0 is greedy).  eos_token_id: None uses the target
     tokenizer's EOS (if any); ``[]`` never stops early.  on_step: called after every speculative
-    iteration with a :class:`StepRecord`.  Returns :class:`GenerationResult`.
+    iteration with a :class:`StepRecord`.  target_pass: how the target scores K > 1 drafts -- ``"tree"``
+    (one row, shared prefixes once), ``"rows"`` (K rows over a forked cache) or ``"auto"`` (tree where
+    the target's session supports it); K = 1 is always one row.  Returns :class:`GenerationResult`.
     """
     from mdv.verify.registry import VERIFIERS
 
@@ -176,6 +182,8 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
         check_pair(target, draft)
         verifier = VERIFIERS[method]()
         verifier.check_drafts(K)
+    if not isinstance(target_pass, str) or target_pass not in TARGET_PASSES:
+        raise InvalidInputError(f"target_pass must be 'auto', 'tree' or 'rows'; got {target_pass!r}")
     prompt = check_token_ids("prompt_ids", prompt_ids, V)
     ctx = max_context(target, draft if method != AR else None)
     check_prompt_fits(len(prompt), ctx, None if method == AR else L)
@@ -197,12 +205,19 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     else:
         assert verifier is not None and draft is not None
         drf = open_session(draft)
+        use_tree = K > 1 and target_pass != "rows" and tree_capable(tgt)
+        if target_pass == "tree" and K > 1 and not use_tree:
+            raise InvalidInputError(
+                f"target_pass='tree' asked for, but the target's session ({type(tgt).__name__}) cannot score a"
+                " token tree (its attention takes no custom mask, or its cache cannot be rearranged); use"
+                " target_pass='rows' or 'auto'")
+        stats.extra["target_pass"] = "tree" if use_tree else "rows"
         with watch.phase("prefill"):
             tgt.prefill(prompt[:-1])
             drf.prefill(prompt[:-1])
         with watch.phase("decode"):
             out = _decode_speculative(tgt, drf, verifier, prompt, sampling, K, L, max_new_tokens, eos, ctx,
-                                      generator, stats, on_step)
+                                      generator, stats, on_step, use_tree)
     stats.new_tokens = len(out)
     return GenerationResult(out, stats.as_dict())
 
@@ -247,8 +262,9 @@ def _decode_ar(tgt: DecodeSession, prompt: list[int], sampling: SamplingConfig, 
 def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifier, prompt: list[int],
                         sampling: SamplingConfig, K: int, L: int, max_new_tokens: int, eos: frozenset[int],
                         ctx: int | None, generator: torch.Generator, stats: GenerationStats,
-                        on_step: Callable[[StepRecord], None] | None) -> list[int]:
-    """The speculative loop (module docstring, steps 1-4)."""
+                        on_step: Callable[[StepRecord], None] | None, use_tree: bool) -> list[int]:
+    """The speculative loop (module docstring, steps 1-4); ``use_tree``: the target scores the K drafts
+    as one token tree instead of K rows."""
     seq, out = list(prompt), []
     watch = stats.watch
     gdev = generator.device
@@ -279,15 +295,20 @@ def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifi
                     q_i = sampling.probs(logits).to(gdev)
             tokens = torch.stack(toks, 1)  # [K, L]
             q = torch.stack(qs, 1)  # [K, L, V]
-        # 2. target: one batched pass over [pending, D_k] for all K rows
+        # 2. target: one pass over [pending, D_k] for all k (a token tree in one row, or K rows)
         with watch.phase("target"):
             pending_t = seq[tgt.length:]
             m = len(pending_t)
-            tgt.fork(K)
-            inp = torch.cat([torch.tensor(pending_t, dtype=torch.long).expand(K, m), tokens.cpu()], 1)  # [K, m+L]
-            logits = tgt.extend(inp.to(tgt.device))[:, m - 1:]  # [K, L+1, V]
+            if use_tree:
+                tree = build_tree(pending_t, tokens.cpu())
+                node_p = sampling.probs(tgt.extend_tree(tree)).to(gdev)  # [nodes, V] float64
+                p = node_p[tree.node_of.to(gdev)]  # [K, L+1, V]
+            else:
+                tgt.fork(K)
+                inp = torch.cat([torch.tensor(pending_t, dtype=torch.long).expand(K, m), tokens.cpu()], 1)  # [K, m+L]
+                logits = tgt.extend(inp.to(tgt.device))[:, m - 1:]  # [K, L+1, V]
+                p = sampling.probs(logits).to(gdev)  # [K, L+1, V] float64
             stats.target_calls += 1
-            p = sampling.probs(logits).to(gdev)  # [K, L+1, V] float64
         # 3. verify
         with watch.phase("verify"):
             block = Block(tokens.unsqueeze(0), q.unsqueeze(0), p.unsqueeze(0))
@@ -298,8 +319,11 @@ def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifi
             tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
             emitted = outcome.emitted(block)
         # 4. roll back both caches to the kept row and prefix; the new token stays pending
-        tgt.keep(sel)
-        tgt.crop(n + tau)
+        if use_tree:
+            tgt.keep_nodes(tree.path(sel, tau))
+        else:
+            tgt.keep(sel)
+            tgt.crop(n + tau)
         drf.keep(sel)
         drf.crop(n + min(tau, L - 1))
         stats.accepted_lengths.append(tau)

@@ -274,6 +274,13 @@ API_CASES: list[ApiCase] = [
     case("generate/max_new_tokens=0", lambda a, mp: gen(a, max_new_tokens=0), IIE,
          r"max_new_tokens must be an integer >= 1; got 0"),
     case("generate/seed-str", lambda a, mp: gen(a, seed="x"), IIE, r"seed must be an integer; got 'x'"),
+    case("generate/unknown-target-pass", lambda a, mp: gen(a, target_pass="dag"), IIE,
+         r"target_pass must be 'auto', 'tree' or 'rows'; got 'dag'"),
+    case("generate/tree-pass-unsupported",
+         lambda a, mp: (mp.setattr(a.target.model.config, "_attn_implementation", "flash_attention_2"),
+                        gen(a, target_pass="tree")), IIE,
+         r"target_pass='tree' asked for, but the target's session \(HFSession\) cannot score a token tree"
+         r" .*; use target_pass='rows' or 'auto'"),
     case("generate/eos-float", lambda a, mp: gen(a, eos_token_id=1.5), IIE,
          r"eos_token_id must be None .*\(\[\] to never stop early\); got 1.5"),
     case("generate/prompt-longer-than-context", lambda a, mp: gen(a, prompt_ids=[1] * 40), IIE,

@@ -15,7 +15,7 @@ import torch
 
 from mdv import bench
 from mdv.bench import (E2EBench, MemoryBench, OracleBench, PairKind, TargetPassBench, TinyPair, VerifierBench,
-                       draft_tree, interleaved, largest_size, spread, write_json)
+                       interleaved, largest_size, spread, write_json)
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = TinyPair(vocab_size=32, hidden_size=16, num_layers=1, seed=0)
@@ -75,18 +75,6 @@ def test_largest_size_respects_the_ceiling() -> None:
     assert largest_size(3, 3, 3, lambda K, L: False) is None
 
 
-def test_draft_tree_scores_each_prefix_once() -> None:
-    drafts = torch.tensor([[5, 6, 7], [5, 6, 8], [9, 1, 2]])
-    ids, depth, parent, node_of = draft_tree(4, drafts)
-    assert ids[0] == 4 and depth[0] == 0 and parent[0] == -1
-    assert len(ids) == 1 + 3 + 1 + 3  # root, (5, 5.6, 5.6.7), 5.6.8, (9, 9.1, 9.1.2)
-    assert node_of[0, 2] == node_of[1, 2] and node_of[0, 3] != node_of[1, 3]
-    for k in range(3):
-        for i in range(1, 4):
-            n = int(node_of[k, i])
-            assert ids[n] == int(drafts[k, i - 1]) and depth[n] == i and parent[n] == int(node_of[k, i - 1])
-
-
 # ------------------------------------------------------------------------------------------ benchmarks
 def test_verifier_benchmark_tiny(tiny_pair, tmp_path) -> None:
     cfg = VerifierBench(methods=["sd", "gbv", "spectr", "spectr_gbv", "mdbv"], vocab_sizes=[16], K=[1, 2], L=[2, 3],
@@ -131,8 +119,10 @@ def test_target_pass_benchmark_tiny(tiny_pair, tmp_path) -> None:
     assert res["tree_nodes"] == 1 + 1 + 3 * 2  # pending, the shared first token, 2 more per draft
     for key in ("k_rows_vs_single", "tree_vs_single", "tree_vs_k_rows", "fork_keep_vs_single"):
         _check_spread(res[key], 2)
-    # the tree-attention pass scores exactly what the K full rows score (float32 rounding aside)
+    # the engine's token tree scores exactly what the K full rows score (float32 rounding aside)
     assert res["tree_max_abs_logit_diff"] < 1e-3
+    assert [g["goal"].split(" <=")[0] for g in rec["goals"]] == [
+        "K=3, L=3 pass (engine, token tree)", "K=3, L=3 pass (K full rows, target_pass=rows)"]
 
 
 def test_e2e_benchmark_tiny(tiny_pair, tmp_path) -> None:

@@ -235,10 +235,10 @@ def test_target_pass_oracle_memory_tables(report, records_dir) -> None:
     recs = records(records_dir)
     tp = recs["target_pass"]["results"]
     rows = {r["pass"]: r for r in table_after(md, "## target_pass")}
-    k_rows = rows["K full rows (engine: fork + pass + keep)"]
+    k_rows = rows["K full rows (fork + pass + keep; target_pass=rows)"]
     assert (k_rows["tokens"], k_rows["ms"], k_rows["× single"]) == (
         str(tp["K"] * (tp["L"] + 1)), spread_str(tp["ms"]["k_rows"]), spread_str(tp["k_rows_vs_single"]))
-    assert rows["tree attention (shared prefixes once)"]["tokens"] == str(tp["tree_nodes"])
+    assert rows["token tree (shared prefixes once; the engine's default)"]["tokens"] == str(tp["tree_nodes"])
     mc = {r["method"]: r for r in table_after(md, "Monte-Carlo throughput")}
     for r in recs["oracle"]["results"]["monte_carlo"]:
         assert mc[r["method"]]["trials / s"] == spread_str(r["trials_per_second"])

@@ -9,7 +9,10 @@ file through transformers' ``gguf_file``).  It offers
 * ``new_session() -> HFSession``: the engine's incremental view, one ``DynamicCache`` per sequence,
   with the operations of :class:`mdv.models.session.DecodeSession` mapped onto the cache API of
   transformers 5.x -- ``crop`` (rollback), ``batch_repeat_interleave`` (fork one prefix into K rows)
-  and ``batch_select_indices`` (keep the selected row).  The prefix is never recomputed.
+  and ``batch_select_indices`` (keep the selected row).  The prefix is never recomputed.  K drafts can
+  instead be scored as one token tree in a single row (``extend_tree`` / ``keep_nodes``, a tree
+  attention mask; :mod:`mdv.models.tree`) when the model's attention takes a custom 4-D mask (eager,
+  sdpa) and every cache layer is a plain full-attention ``DynamicLayer``.
 """
 from __future__ import annotations
 
@@ -22,9 +25,13 @@ import torch
 from torch import Tensor
 
 from mdv.errors import InvalidInputError, MissingAssetError
+from mdv.models.session import check_no_tree
+from mdv.models.tree import TokenTree
 
 # Prefixes per forward pass in next_logprobs (grouped by length, so no padding is needed).
 _ORACLE_CHUNK = 256
+# Attention implementations that apply a custom 4-D attention mask (the tree mask); flash kernels do not.
+_MASKABLE_ATTENTION = ("eager", "sdpa")
 
 
 def default_device() -> torch.device:
@@ -194,12 +201,15 @@ class HFModel:
     # ------------------------------------------------------------------ forward passes
     @torch.no_grad()
     def forward(self, input_ids: Tensor, cache: Any = None, position_ids: Tensor | None = None,
-                last_only: bool = False) -> Tensor:
-        """One forward pass.  input_ids: [R, n] -> logits [R, n, V] (or [R, 1, V] with ``last_only``)."""
+                last_only: bool = False, attention_mask: Tensor | None = None) -> Tensor:
+        """One forward pass.  input_ids: [R, n] -> logits [R, n, V] (or [R, 1, V] with ``last_only``).
+        attention_mask: None (causal) or a 4-D [R, 1, n, cached + n] mask, passed to the model as is."""
         dev = self.device
         kwargs: dict[str, Any] = {"input_ids": input_ids.to(dev)}
         if position_ids is not None:
             kwargs["position_ids"] = position_ids.to(dev)
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask.to(dev)
         if cache is not None:
             kwargs[self._cache_kw] = cache
             kwargs["use_cache"] = True
@@ -250,7 +260,9 @@ class HFSession:
     """One sequence's KV cache for an :class:`HFModel` (a :class:`~mdv.models.session.DecodeSession`).
 
     All rows always hold the same number of tokens (``length``), so no padding or attention mask is
-    needed: position ids are ``length .. length + n - 1`` in every row.
+    needed: position ids are ``length .. length + n - 1`` in every row.  A token tree (``extend_tree``)
+    is appended to the single row with a tree attention mask and position ids ``length + depth``;
+    ``keep_nodes`` moves the kept path's keys and values next to the prefix and drops the rest.
     """
 
     def __init__(self, hf: HFModel):
@@ -266,6 +278,15 @@ class HFSession:
         self._rows = 1
         self._length = 0
         self._device = hf.device
+        self._tree: TokenTree | None = None  # scored by extend_tree (in the cache after `length`)
+        attn = getattr(hf.model.config, "_attn_implementation", None) or "eager"
+        layers = getattr(self.cache, "layers", None)
+        try:
+            from transformers.cache_utils import DynamicLayer
+        except ImportError:  # transformers 4.x caches: no per-layer objects to rearrange
+            DynamicLayer = None
+        self.supports_tree: bool = (attn in _MASKABLE_ATTENTION and DynamicLayer is not None and bool(layers)
+                                    and all(type(layer) is DynamicLayer for layer in layers))
 
     @property
     def rows(self) -> int:
@@ -292,6 +313,7 @@ class HFSession:
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Process a prompt in the single row (no scores returned)."""
+        check_no_tree("prefill", self._tree)
         if self._rows != 1:
             raise InvalidInputError(f"prefill() needs a single row; the session has {self._rows}")
         if len(tokens) == 0:
@@ -302,6 +324,7 @@ class HFSession:
 
     def extend(self, tokens: Tensor) -> Tensor:
         """tokens: [R, n] -> logits [R, n, V] after each new token (the model's dtype and device)."""
+        check_no_tree("extend", self._tree)
         if tokens.dim() != 2 or tokens.shape[1] < 1 or tokens.shape[0] != self._rows:
             raise InvalidInputError(
                 f"extend() takes tokens of shape [rows={self._rows}, n >= 1]; got {tuple(tokens.shape)}")
@@ -309,6 +332,7 @@ class HFSession:
 
     def fork(self, k: int) -> None:
         """One row -> k identical rows (``DynamicCache.batch_repeat_interleave``)."""
+        check_no_tree("fork", self._tree)
         if self._rows != 1:
             raise InvalidInputError(f"fork() needs a single row; the session has {self._rows}")
         if k < 1:
@@ -319,6 +343,7 @@ class HFSession:
 
     def keep(self, row: int) -> None:
         """Keep one row (``DynamicCache.batch_select_indices``)."""
+        check_no_tree("keep", self._tree)
         if not 0 <= row < self._rows:
             raise InvalidInputError(f"keep() got row {row}; the session has {self._rows} rows")
         if self._rows > 1 and self._length > 0:
@@ -326,10 +351,14 @@ class HFSession:
         self._rows = 1
 
     def crop(self, length: int) -> None:
-        """Forget every token past ``length`` (``DynamicCache.crop`` with a negative count)."""
+        """Forget every token past ``length`` (``DynamicCache.crop`` with a negative count); a pending
+        token tree is dropped."""
         if not 0 <= length <= self._length:
             raise InvalidInputError(f"crop() to {length} tokens; the session holds {self._length}")
         remove = self._length - length
+        if self._tree is not None:
+            remove += self._tree.size
+            self._tree = None
         if length == 0 and remove > 0:  # an empty cache: start afresh, keeping the row count
             rows = self._rows
             self.__init__(self.hf)
@@ -338,3 +367,49 @@ class HFSession:
         if remove > 0:
             self.cache.crop(-remove)
         self._length = length
+
+    def extend_tree(self, tree: TokenTree) -> Tensor:
+        """Score the nodes of ``tree`` in the single row.  -> logits [n, V] (the model's dtype and device).
+
+        Each node attends to the cached prefix, its ancestors and itself, at position ``length + depth``,
+        so its logits equal those of a plain row over its root path.  The nodes stay in the cache until
+        :meth:`keep_nodes` (or :meth:`crop`)."""
+        if not self.supports_tree:
+            raise InvalidInputError(
+                f"{self.hf.name}: token trees need an attention that takes a custom mask (eager or sdpa) and a"
+                " plain full-attention KV cache; score the drafts as rows (target_pass='rows')")
+        check_no_tree("extend_tree", self._tree)
+        if self._rows != 1:
+            raise InvalidInputError(f"extend_tree() needs a single row; the session has {self._rows}")
+        ids = torch.tensor([tree.ids], dtype=torch.long)  # [1, n]
+        self.hf._check_ids(ids)
+        past = self._length
+        pos = (past + torch.tensor(tree.depth, dtype=torch.long)).unsqueeze(0)  # [1, n]
+        allowed = tree.attention_mask(past, self._device)  # [1, 1, n, past + n] bool
+        # an additive mask (0 = attend, dtype min = masked): eager attention adds the 4-D mask it is given to
+        # the scores as is, so a boolean mask would be read as +1 / +0; sdpa takes either form
+        dtype = self.hf.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self._device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min)
+        logits = self.hf.forward(ids, cache=self.cache, position_ids=pos, attention_mask=mask)[0]  # [n, V]
+        self._tree = tree
+        return logits
+
+    def keep_nodes(self, nodes: Sequence[int]) -> None:
+        """Keep the cached prefix plus the tree nodes ``nodes`` (a path from the root), in that order."""
+        if self._tree is None:
+            raise InvalidInputError("keep_nodes() needs a tree scored by extend_tree() first")
+        tree = self._tree
+        nodes = tree.check_path(nodes)
+        past, keep = self._length, len(nodes)
+        if nodes != list(range(keep)):  # move the kept path right after the prefix (tiny copies)
+            idx = torch.tensor(nodes, dtype=torch.long, device=self._device) + past
+            with torch.inference_mode():
+                for layer in self.cache.layers:
+                    if getattr(layer, "is_initialized", True):
+                        for kv in (layer.keys, layer.values):  # [R, H, S, D]
+                            kv[..., past:past + keep, :] = kv.index_select(-2, idx)
+        if tree.size > keep:
+            self.cache.crop(-(tree.size - keep))
+        self._length = past + keep
+        self._tree = None

@@ -12,6 +12,14 @@ tokens already processed).  The engine needs five operations:
 * ``keep(row)``: keep one row (the draft the verifier selected), dropping the others;
 * ``crop(length)``: forget every token past ``length`` (roll back the rejected part of a block).
 
+A session with ``supports_tree = True`` also scores K drafts as one token tree in its single row
+(:mod:`mdv.models.tree`; the engine then needs no ``fork``/``keep`` on the target):
+
+* ``extend_tree(tree) -> logits [n, V]``: process the tree's n nodes, each conditioned on the processed
+  tokens and its own ancestors; the scores after node j are those after the path root -> j;
+* ``keep_nodes(nodes)``: keep the processed tokens plus the tree nodes on one root path (the accepted
+  draft prefix), forgetting the rest of the tree.
+
 :class:`PrefixSession` implements them for *any* :class:`~mdv.models.base.LanguageModel` by calling
 ``next_logprobs`` on the full prefixes; it suits :class:`~mdv.models.callable.CallableLM` (whose results
 are cached per prefix).  :class:`~mdv.models.hf.HFModel` provides a KV-cache session
@@ -26,6 +34,7 @@ from torch import Tensor
 
 from mdv.errors import InvalidInputError
 from mdv.models.base import LanguageModel
+from mdv.models.tree import TokenTree
 
 
 @runtime_checkable
@@ -52,6 +61,25 @@ class DecodeSession(Protocol):
     def crop(self, length: int) -> None: ...
 
 
+def tree_capable(session: object) -> bool:
+    """True when ``session`` can score a token tree in one row (``extend_tree`` / ``keep_nodes``)."""
+    return bool(getattr(session, "supports_tree", False))
+
+
+def _check_tree_start(rows: int, pending: object) -> None:
+    if rows != 1:
+        raise InvalidInputError(f"extend_tree() needs a single row; the session has {rows}")
+    if pending is not None:
+        raise InvalidInputError("extend_tree() called twice: keep_nodes() must settle the previous tree first")
+
+
+def check_no_tree(op: str, pending: object) -> None:
+    """A session holding a scored tree accepts only ``keep_nodes`` (settle it) or ``crop`` (drop it)."""
+    if pending is not None:
+        raise InvalidInputError(f"{op}() called while a scored token tree is pending: call keep_nodes() to keep"
+                                " one of its paths, or crop() to drop it")
+
+
 def _check_extend(tokens: Tensor, rows: int) -> None:
     if tokens.dim() != 2 or tokens.shape[1] < 1:
         raise InvalidInputError(f"extend() takes tokens of shape [rows, n >= 1]; got {tuple(tokens.shape)}")
@@ -67,10 +95,13 @@ class PrefixSession:
     prefix, no forward pass), not meant for transformers (use :class:`~mdv.models.hf.HFModel`).
     """
 
+    supports_tree = True
+
     def __init__(self, model: LanguageModel, device: torch.device | str = "cpu"):
         self.model = model
         self._rows: list[list[int]] = [[]]
         self._device = torch.device(device)
+        self._tree: TokenTree | None = None  # scored by extend_tree, waiting for keep_nodes
 
     @property
     def rows(self) -> int:
@@ -85,12 +116,14 @@ class PrefixSession:
         return self._device
 
     def prefill(self, tokens: Sequence[int]) -> None:
+        check_no_tree("prefill", self._tree)
         if self.rows != 1:
             raise InvalidInputError(f"prefill() needs a single row; the session has {self.rows}")
         self._rows[0].extend(int(t) for t in tokens)
 
     def extend(self, tokens: Tensor) -> Tensor:
         """tokens: [R, n] -> scores [R, n, V] after each new token."""
+        check_no_tree("extend", self._tree)
         _check_extend(tokens, self.rows)
         R, n = tokens.shape
         new = tokens.tolist()
@@ -103,7 +136,27 @@ class PrefixSession:
         out = self.model.next_logprobs(prefixes)  # [R*n, V]
         return torch.as_tensor(out).reshape(R, n, -1).to(self._device)
 
+    def extend_tree(self, tree: TokenTree) -> Tensor:
+        """Scores [n, V] after each node of ``tree`` (the prefix: the row, then the node's root path)."""
+        _check_tree_start(self.rows, self._tree)
+        row = tuple(self._rows[0])
+        paths: list[tuple[int, ...]] = []
+        for j, par in enumerate(tree.parent):
+            paths.append((paths[par] if par >= 0 else row) + (tree.ids[j],))
+        out = self.model.next_logprobs(paths)  # [n, V]
+        self._tree = tree
+        return torch.as_tensor(out).to(self._device)
+
+    def keep_nodes(self, nodes: Sequence[int]) -> None:
+        """Append the tokens of one root path of the last scored tree to the row."""
+        if self._tree is None:
+            raise InvalidInputError("keep_nodes() needs a tree scored by extend_tree() first")
+        nodes = self._tree.check_path(nodes)
+        self._rows[0].extend(self._tree.ids[j] for j in nodes)
+        self._tree = None
+
     def fork(self, k: int) -> None:
+        check_no_tree("fork", self._tree)
         if self.rows != 1:
             raise InvalidInputError(f"fork() needs a single row; the session has {self.rows}")
         if k < 1:
@@ -111,6 +164,7 @@ class PrefixSession:
         self._rows = [list(self._rows[0]) for _ in range(k)]
 
     def keep(self, row: int) -> None:
+        check_no_tree("keep", self._tree)
         if not 0 <= row < self.rows:
             raise InvalidInputError(f"keep() got row {row}; the session has {self.rows} rows")
         self._rows = [self._rows[row]]
@@ -118,6 +172,7 @@ class PrefixSession:
     def crop(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise InvalidInputError(f"crop() to {length} tokens; the session holds {self.length}")
+        self._tree = None  # a pending tree is dropped
         for row in self._rows:
             del row[length:]
 
