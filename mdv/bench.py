@@ -34,6 +34,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,6 +50,7 @@ from mdv.models.tree import build_tree
 # 2: target_pass "tree" times the engine's token-tree pass (extend_tree + keep_nodes + crop); in 1 it was a
 # benchmark-only forward pass with a crop
 SCHEMA = "mdv.bench/2"
+MODEL_DTYPES = ("float32", "bfloat16", "float16", "float64")
 ALL_METHODS = ["sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv"]
 #: Used when :mod:`mdv.data` cannot provide prompts (or ``datasets: []``).
 FIXED_PROMPTS = [
@@ -218,6 +220,8 @@ class BenchConfig:
     benchmarks: list[Benchmark] = field(default_factory=lambda: list(Benchmark))
     #: torch intra-op threads (the machine's cores by default in conf/bench.yaml).
     threads: int = 2
+    #: weights dtype of the models (float32, bfloat16, float16, float64); verification is float64 always.
+    dtype: str = "float32"
     verifier: VerifierBench = field(default_factory=VerifierBench)
     target_pass: TargetPassBench = field(default_factory=TargetPassBench)
     e2e: E2EBench = field(default_factory=E2EBench)
@@ -238,6 +242,8 @@ def validate(cfg: BenchConfig) -> None:
                 raise UnknownNameError(f"{where}: {unknown_name('method', m, list(VERIFIERS))}")
     if cfg.threads < 1:
         raise InvalidInputError(f"threads must be >= 1; got {cfg.threads}")
+    if cfg.dtype not in MODEL_DTYPES:
+        raise InvalidInputError(f"dtype must be one of {', '.join(MODEL_DTYPES)}; got {cfg.dtype!r}")
     checks = [("verifier.vocab_sizes", cfg.verifier.vocab_sizes, 2), ("verifier.K", cfg.verifier.K, 1),
               ("verifier.L", cfg.verifier.L, 1), ("e2e.K", cfg.e2e.K, 1), ("e2e.L", cfg.e2e.L, 1),
               ("oracle.vocab_sizes", cfg.oracle.vocab_sizes, 2)]
@@ -465,21 +471,23 @@ def _default_target_available() -> tuple[bool, str]:
     return True, ""
 
 
-def load_target_model(device: torch.device, pair: PairKind = PairKind.default, tiny: TinyPair | None = None):
-    """The target as an :class:`~mdv.models.hf.HFModel` on ``device`` (default pair's target, or the tiny
-    random one).  Raises MissingAssetError when the default target file is absent."""
+def load_target_model(device: torch.device, pair: PairKind = PairKind.default, tiny: TinyPair | None = None,
+                      dtype: str = "float32"):
+    """The target as an :class:`~mdv.models.hf.HFModel` on ``device`` in ``dtype`` (default pair's target,
+    or the tiny random one).  Raises MissingAssetError when the default target file is absent."""
     if PairKind(pair) == PairKind.tiny_random:
-        return load_pair(device, pair, tiny)[0]
+        return load_pair(device, pair, tiny, dtype)[0]
     from mdv.models.default_pair import load_target
     from mdv.models.hf import HFModel
 
     model, tok = load_target(torch.float32)
-    return HFModel(model.to(device), tok, name="SmolLM2-135M-Instruct (default target)")
+    return HFModel(model.to(device=device, dtype=getattr(torch, dtype)), tok, name="SmolLM2-135M-Instruct (default target)")
 
 
-def load_pair(device: torch.device, pair: PairKind = PairKind.default, tiny: TinyPair | None = None):
-    """(target, draft, tokenizer): HFModels on ``device``.  Raises MissingAssetError when the default pair
-    is incomplete."""
+def load_pair(device: torch.device, pair: PairKind = PairKind.default, tiny: TinyPair | None = None,
+              dtype: str = "float32"):
+    """(target, draft, tokenizer): HFModels on ``device`` in ``dtype``.  Raises MissingAssetError when the
+    default pair is incomplete."""
     from mdv.models.hf import HFModel
 
     if PairKind(pair) == PairKind.tiny_random:
@@ -487,14 +495,14 @@ def load_pair(device: torch.device, pair: PairKind = PairKind.default, tiny: Tin
 
         t = tiny or TinyPair()
         return build_tiny_random_pair(t.vocab_size, t.seed, hidden_size=t.hidden_size, num_layers=t.num_layers,
-                                      device=str(device))
+                                      dtype=dtype, device=str(device))
     from mdv.errors import MissingAssetError
     from mdv.models import default_pair
 
     ok, reason = default_pair.default_pair_available()
     if not ok:
         raise MissingAssetError(f"the default model pair is unavailable: {reason}")
-    t, d, tok = default_pair.load_default_pair(torch.float32)
+    t, d, tok = default_pair.load_default_pair(getattr(torch, dtype))
     return (HFModel(t.to(device), tok, name="SmolLM2-135M-Instruct (default target)"),
             HFModel(d.to(device), tok, name=f"{default_pair.draft_description(d)} (default draft)"), tok)
 
@@ -590,7 +598,8 @@ def decode_step_times(target: Any, context: int, calls: int, sync: Callable[[], 
         return [time_call(step, sync) for _ in range(calls)]
 
 
-def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None = None) -> dict[str, Any]:
+def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None = None,
+                 dtype: str = "float32") -> dict[str, Any]:
     """The ``verifier`` benchmark.  ``target``: an HFModel whose decode step is the yardstick (None: the
     default target is loaded when ``cfg.target_step`` and its file is present)."""
     from mdv.verify.base import Uniforms
@@ -603,7 +612,7 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
     if cfg.target_step and target is None:
         ok, why = _default_target_available()
         if ok:
-            target = load_target_model(dev)
+            target = load_target_model(dev, dtype=dtype)
         else:
             step_reason = f"default target unavailable: {why}"
     elif not cfg.target_step:
@@ -696,7 +705,7 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
 
 # ====================================================================================== target pass
 def run_target_pass(cfg: TargetPassBench, target: Any = None, tiny: TinyPair | None = None,
-                    device: Optional[str] = None) -> dict[str, Any]:
+                    device: Optional[str] = None, dtype: str = "float32") -> dict[str, Any]:
     """The ``target_pass`` benchmark (K drafts vs one draft on the target)."""
     t_start = time.perf_counter()
     dev = _device(device)
@@ -705,7 +714,7 @@ def run_target_pass(cfg: TargetPassBench, target: Any = None, tiny: TinyPair | N
             ok, why = _default_target_available()
             if not ok:
                 return _skipped("target_pass", cfg, f"default target unavailable: {why}")
-        target = load_target_model(dev, cfg.pair, tiny)
+        target = load_target_model(dev, cfg.pair, tiny, dtype)
     sync = _sync_for(dev)
     K, L, n0 = cfg.K, cfg.L, cfg.context
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -790,7 +799,7 @@ def _e2e_cells(cfg: E2EBench) -> list[tuple[str, int | None, int | None]]:
 
 
 def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyPair | None = None,
-            device: Optional[str] = None) -> dict[str, Any]:
+            device: Optional[str] = None, dtype: str = "float32") -> dict[str, Any]:
     """The ``e2e`` benchmark.  ``pair``: (target, draft, tokenizer) HFModels, else loaded from ``cfg.pair``."""
     from mdv.engine import generate
 
@@ -800,19 +809,25 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
         ok, why = _pair_available(cfg.pair)
         if not ok:
             return _skipped("e2e", cfg, f"default pair unavailable: {why}")
-        pair = load_pair(dev, cfg.pair, tiny)
+        pair = load_pair(dev, cfg.pair, tiny, dtype)
     target, draft, tok = pair
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     cells = _e2e_cells(cfg)
     results: list[dict[str, Any]] = []
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(cfg.temperatures) * len(prompts) * len(cells), desc="e2e generations", unit="gen",
+               dynamic_ncols=True, file=sys.stderr)
     for T in cfg.temperatures:
         stats: dict[tuple, list[dict[str, Any]]] = {c: [] for c in cells}
         for i, ids in enumerate(prompts):  # interleaved: every cell on prompt i, in a rotated order
             order = cells[i % len(cells):] + cells[:i % len(cells)]
             for (m, K, L) in order:
+                bar.set_postfix_str(f"T={T:g} prompt {i + 1}/{len(prompts)} {m} K={K or 1} L={L or 1}", refresh=False)
                 r = generate(target, draft if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
                              max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[])
                 stats[(m, K, L)].append(r.stats)
+                bar.update()
         ar = stats[("ar", None, None)]
         for (m, K, L), st in stats.items():
             timed = st[1:]  # prompt 0 is the warm-up
@@ -829,6 +844,7 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
                             "speedup_e2e": spread(speed_e2e),
                             "block_efficiency": tokens / calls if calls else float("nan"),
                             "time_split": split, "n_timed_prompts": len(timed)})
+    bar.close()
     rows = [[r["temperature"], r["method"], r["K"] or "-", r["L"] or "-", _range_str(r["tokens_per_second"]),
              _range_str(r["speedup"]), _fmt(r["block_efficiency"]),
              " / ".join(f"{100 * r['time_split'][k]:.0f}%" if not math.isnan(r["time_split"][k]) else "-"
@@ -1009,7 +1025,7 @@ def rss_trend(rss_mib: Sequence[float]) -> tuple[float, float]:
 
 
 def run_memory(cfg: MemoryBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyPair | None = None,
-               device: Optional[str] = None) -> dict[str, Any]:
+               device: Optional[str] = None, dtype: str = "float32") -> dict[str, Any]:
     """The ``memory`` benchmark."""
     from mdv.engine import generate
 
@@ -1019,7 +1035,7 @@ def run_memory(cfg: MemoryBench, pair: tuple[Any, Any, Any] | None = None, tiny:
         ok, why = _pair_available(cfg.pair)
         if not ok:
             return _skipped("memory", cfg, f"default pair unavailable: {why}")
-        pair = load_pair(dev, cfg.pair, tiny)
+        pair = load_pair(dev, cfg.pair, tiny, dtype)
     target, draft, tok = pair
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     gc.collect()
@@ -1088,21 +1104,21 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
     records: dict[str, dict[str, Any]] = {}
     for b in cfg.benchmarks:
         name = Benchmark(b).value
-        print(f"\n== benchmark {name} (threads={torch.get_num_threads()}, load average"
+        print(f"\n== benchmark {name} (threads={torch.get_num_threads()}, dtype={cfg.dtype}, load average"
               f" {environment()['loadavg_1_5_15']}) ==", flush=True)
         if name == "verifier":
             target = None
             if cfg.verifier.target_step and PairKind(cfg.verifier.step_pair) == PairKind.tiny_random:
-                target = load_target_model(_device(cfg.verifier.device), PairKind.tiny_random, cfg.tiny)
-            rec = run_verifier(cfg.verifier, target)
+                target = load_target_model(_device(cfg.verifier.device), PairKind.tiny_random, cfg.tiny, cfg.dtype)
+            rec = run_verifier(cfg.verifier, target, dtype=cfg.dtype)
         elif name == "target_pass":
-            rec = run_target_pass(cfg.target_pass, tiny=cfg.tiny)
+            rec = run_target_pass(cfg.target_pass, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "e2e":
-            rec = run_e2e(cfg.e2e, tiny=cfg.tiny)
+            rec = run_e2e(cfg.e2e, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "oracle":
             rec = run_oracle(cfg.oracle)
         else:
-            rec = run_memory(cfg.memory, tiny=cfg.tiny)
+            rec = run_memory(cfg.memory, tiny=cfg.tiny, dtype=cfg.dtype)
         records[name] = rec
         path = write_json(out / f"bench_{name}.json", rec)
         print(f"  -> {path}", flush=True)

@@ -573,6 +573,8 @@ CLI_CASES: dict[str, CliCase] = {
                                     r"verifier.methods: unknown method 'nope'; valid methods are: " + ALL_VERIFIERS),
     "bench/K=0": CliCase("bench", {"verifier.K": "[0]"},
                          r"verifier.K must be a non-empty list of integers >= 1; got \[0\]"),
+    "bench/unknown-dtype": CliCase("bench", {"dtype": "int8"},
+                                   r"dtype must be one of float32, bfloat16, float16, float64; got 'int8'"),
     "bench/unknown-dataset": CliCase("bench", {"benchmarks": "[e2e]", "e2e.pair": "tiny_random", "e2e.datasets": "[gsm9k]"},
                                      r"e2e.datasets: unknown dataset 'gsm9k'; valid datasets are: alpaca, gsm8k,"),
     # python -m analysis.report

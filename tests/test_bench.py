@@ -112,6 +112,13 @@ def test_synthetic_block_is_valid_with_drafted_q_positive() -> None:
     assert torch.equal(block.q[0, 0, 0], block.q[0, 2, 0])  # one context: the first laws are shared
 
 
+def test_benchmarks_load_models_in_the_configured_dtype(tmp_path) -> None:
+    cfg = TargetPassBench(pair=PairKind.tiny_random, K=2, L=2, context=4, repeats=1, warmup=0)
+    rec = bench.run_target_pass(cfg, tiny=TinyPair(), dtype="bfloat16")
+    assert rec["environment"]["dtype"] == "bfloat16" and rec["status"] == "ok"
+    assert rec["results"]["tree_max_abs_logit_diff"] < 0.5  # bfloat16 rounding, not a different model
+
+
 def test_target_pass_benchmark_tiny(tiny_pair, tmp_path) -> None:
     cfg = TargetPassBench(pair=PairKind.tiny_random, K=3, L=3, context=6, shared=1, repeats=2, warmup=1)
     rec = _check_record(bench.run_target_pass(cfg, target=tiny_pair[0]), "target_pass", tmp_path)
