@@ -735,7 +735,7 @@ def run_target_pass(cfg: TargetPassBench, target: Any = None, tiny: TinyPair | N
             s.crop(n0)
             return out
 
-        def k_rows() -> Tensor:  # what the engine does: fork the cache, one batched pass, keep one row
+        def k_rows() -> Tensor:  # target_pass="rows": fork the cache, one batched pass, keep one row
             s.fork(K)
             out = s.extend(rows_in)
             s.keep(0)
@@ -748,7 +748,7 @@ def run_target_pass(cfg: TargetPassBench, target: Any = None, tiny: TinyPair | N
             s.crop(n0)
             return out
 
-        def fork_keep() -> None:  # the engine's cache bookkeeping alone (copies of the cached prefix)
+        def fork_keep() -> None:  # the rows pass's cache bookkeeping alone (copies of the cached prefix)
             s.fork(K)
             s.keep(0)
 

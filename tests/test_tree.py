@@ -147,8 +147,9 @@ def test_prefix_session_scores_trees_like_prefixes() -> None:
     for k in range(3):
         prefixes = [(1, 2, 0, *drafts[k, :i].tolist()) for i in range(3)]
         assert torch.equal(scores[tree.node_of[k]], torch.as_tensor(toy.next_logprobs(prefixes)))
-    with pytest.raises(InvalidInputError, match="extend\\(\\) called while a scored token tree is pending"):
-        s.extend(torch.tensor([[1]]))
+    for call, op in ((lambda: s.extend(torch.tensor([[1]])), "extend"), (lambda: s.extend_tree(tree), "extend_tree")):
+        with pytest.raises(InvalidInputError, match=rf"{op}\(\) called while a scored token tree is pending"):
+            call()
     s.keep_nodes(tree.path(1, 2))
     assert s._rows == [[1, 2, 0, 3, 5]] and s.length == 5
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from mdv.errors import InvalidInputError, MissingAssetError
-from mdv.models.session import check_no_tree
+from mdv.models.session import check_no_tree, check_tree_start
 from mdv.models.tree import TokenTree
 
 # Prefixes per forward pass in next_logprobs (grouped by length, so no padding is needed).
@@ -378,9 +378,7 @@ class HFSession:
             raise InvalidInputError(
                 f"{self.hf.name}: token trees need an attention that takes a custom mask (eager or sdpa) and a"
                 " plain full-attention KV cache; score the drafts as rows (target_pass='rows')")
-        check_no_tree("extend_tree", self._tree)
-        if self._rows != 1:
-            raise InvalidInputError(f"extend_tree() needs a single row; the session has {self._rows}")
+        check_tree_start(self._rows, self._tree)
         ids = torch.tensor([tree.ids], dtype=torch.long)  # [1, n]
         self.hf._check_ids(ids)
         past = self._length

@@ -66,18 +66,18 @@ def tree_capable(session: object) -> bool:
     return bool(getattr(session, "supports_tree", False))
 
 
-def _check_tree_start(rows: int, pending: object) -> None:
-    if rows != 1:
-        raise InvalidInputError(f"extend_tree() needs a single row; the session has {rows}")
-    if pending is not None:
-        raise InvalidInputError("extend_tree() called twice: keep_nodes() must settle the previous tree first")
-
-
 def check_no_tree(op: str, pending: object) -> None:
     """A session holding a scored tree accepts only ``keep_nodes`` (settle it) or ``crop`` (drop it)."""
     if pending is not None:
         raise InvalidInputError(f"{op}() called while a scored token tree is pending: call keep_nodes() to keep"
                                 " one of its paths, or crop() to drop it")
+
+
+def check_tree_start(rows: int, pending: object) -> None:
+    """``extend_tree`` needs one row and no tree already pending."""
+    check_no_tree("extend_tree", pending)
+    if rows != 1:
+        raise InvalidInputError(f"extend_tree() needs a single row; the session has {rows}")
 
 
 def _check_extend(tokens: Tensor, rows: int) -> None:
@@ -138,7 +138,7 @@ class PrefixSession:
 
     def extend_tree(self, tree: TokenTree) -> Tensor:
         """Scores [n, V] after each node of ``tree`` (the prefix: the row, then the node's root path)."""
-        _check_tree_start(self.rows, self._tree)
+        check_tree_start(self.rows, self._tree)
         row = tuple(self._rows[0])
         paths: list[tuple[int, ...]] = []
         for j, par in enumerate(tree.parent):
