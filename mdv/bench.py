@@ -47,8 +47,8 @@ from torch import Tensor
 from mdv.errors import InvalidInputError, UnknownNameError, unknown_name
 from mdv.models.tree import build_tree
 
-# 2: target_pass "tree" times the engine's token-tree pass (extend_tree + keep_nodes + crop); in 1 it was a
-# benchmark-only forward pass with a crop
+# 2: target_pass "tree" times the engine's token-tree pass (extend_tree + keep_nodes + crop), in 1 a
+# benchmark-only forward pass with a crop; memory reads RSS after a gc.collect() per prompt, in 1 without
 SCHEMA = "mdv.bench/2"
 MODEL_DTYPES = ("float32", "bfloat16", "float16", "float64")
 ALL_METHODS = ["sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv"]
@@ -1048,6 +1048,7 @@ def run_memory(cfg: MemoryBench, pair: tuple[Any, Any, Any] | None = None, tiny:
     for i, ids in enumerate(prompts):
         generate(target, draft, ids, cfg.method, K=cfg.K, L=cfg.L, temperature=cfg.temperature,
                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[])
+        gc.collect()  # cyclic garbage waiting for a collection is not a leak: read RSS without it
         rss.append(_rss_bytes()[0])
         if (i + 1) % 10 == 0 and rss[-1]:
             print(f"  prompt {i + 1}/{len(prompts)}: RSS {rss[-1] / 2 ** 20:.0f} MiB", flush=True)
