@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
 
     from experiments.train_draft import chat_ids, step_costs
-    from mdv.bench import prompt_ids
+    from mdv.bench import interleaved_generations, prompt_ids
     from mdv.engine import generate
     from mdv.models import HFModel
     from mdv.models import default_pair as dp
@@ -72,15 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     drafts = {k: HFModel(v, tok) for k, v in drafts_lm.items()}
     prompts, label = prompt_ids(tok, a.datasets, a.prompts)
     cells = [("ar", None, None)] + [(m, L, h) for m in a.methods for L in a.L for h in drafts]
-    runs: dict[tuple, list[dict]] = {c: [] for c in cells}
     t0 = time.perf_counter()
-    for i, ids in enumerate(prompts):
-        order = cells[i % len(cells):] + cells[:i % len(cells)]
-        for (m, L, h) in order:
-            r = generate(target, drafts[h] if h else None, ids, m, K=1, L=L or 1, temperature=a.temperature,
-                         max_new_tokens=a.max_new_tokens, seed=i, eos_token_id=[])
-            runs[(m, L, h)].append(r.stats)
-        print(f"  prompt {i + 1}/{len(prompts)} done ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    def run_cell(cell: tuple, i: int, ids: list[int]) -> dict:
+        m, L, h = cell
+        r = generate(target, drafts[h] if h else None, ids, m, K=1, L=L or 1, temperature=a.temperature,
+                     max_new_tokens=a.max_new_tokens, seed=i, eos_token_id=[])
+        if cell == cells[(i - 1) % len(cells)]:  # the last cell of prompt i's rotated order
+            print(f"  prompt {i + 1}/{len(prompts)} done ({time.perf_counter() - t0:.0f} s)", flush=True)
+        return r.stats
+
+    runs = interleaved_generations(cells, prompts, run_cell)
     ar = runs[("ar", None, None)]
     rows = []
     for (m, L, h), st in runs.items():

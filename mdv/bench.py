@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-import gc
 import functools
+import gc
 import json
 import math
 import os
@@ -481,7 +481,8 @@ def load_target_model(device: torch.device, pair: PairKind = PairKind.default, t
     from mdv.models.hf import HFModel
 
     model, tok = load_target(torch.float32)
-    return HFModel(model.to(device=device, dtype=getattr(torch, dtype)), tok, name="SmolLM2-135M-Instruct (default target)")
+    return HFModel(model.to(device=device, dtype=getattr(torch, dtype)), tok,
+                   name="SmolLM2-135M-Instruct (default target)")
 
 
 def load_pair(device: torch.device, pair: PairKind = PairKind.default, tiny: TinyPair | None = None,
@@ -798,6 +799,18 @@ def _e2e_cells(cfg: E2EBench) -> list[tuple[str, int | None, int | None]]:
     return cells
 
 
+def interleaved_generations(cells: Sequence[Any], prompts: Sequence[list[int]],
+                            run_cell: Callable[[Any, int, list[int]], dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    """Every cell on every prompt, prompt by prompt, the cell order rotated by one per prompt (so machine
+    load drifts hit every cell alike).  run_cell(cell, i, prompt_ids) -> the generation's stats.
+    -> cell -> stats per prompt, in prompt order (prompt 0 is the warm-up the callers leave out of timings)."""
+    stats: dict[Any, list[dict[str, Any]]] = {c: [] for c in cells}
+    for i, ids in enumerate(prompts):
+        for cell in list(cells[i % len(cells):]) + list(cells[:i % len(cells)]):
+            stats[cell].append(run_cell(cell, i, ids))
+    return stats
+
+
 def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyPair | None = None,
             device: Optional[str] = None, dtype: str = "float32") -> dict[str, Any]:
     """The ``e2e`` benchmark.  ``pair``: (target, draft, tokenizer) HFModels, else loaded from ``cfg.pair``."""
@@ -819,15 +832,15 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
     bar = tqdm(total=len(cfg.temperatures) * len(prompts) * len(cells), desc="e2e generations", unit="gen",
                dynamic_ncols=True, file=sys.stderr)
     for T in cfg.temperatures:
-        stats: dict[tuple, list[dict[str, Any]]] = {c: [] for c in cells}
-        for i, ids in enumerate(prompts):  # interleaved: every cell on prompt i, in a rotated order
-            order = cells[i % len(cells):] + cells[:i % len(cells)]
-            for (m, K, L) in order:
-                bar.set_postfix_str(f"T={T:g} prompt {i + 1}/{len(prompts)} {m} K={K or 1} L={L or 1}", refresh=False)
-                r = generate(target, draft if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
-                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[])
-                stats[(m, K, L)].append(r.stats)
-                bar.update()
+        def run_cell(cell: tuple, i: int, ids: list[int], T: float = T) -> dict[str, Any]:
+            m, K, L = cell
+            bar.set_postfix_str(f"T={T:g} prompt {i + 1}/{len(prompts)} {m} K={K or 1} L={L or 1}", refresh=False)
+            r = generate(target, draft if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
+                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[])
+            bar.update()
+            return r.stats
+
+        stats = interleaved_generations(cells, prompts, run_cell)
         ar = stats[("ar", None, None)]
         for (m, K, L), st in stats.items():
             timed = st[1:]  # prompt 0 is the warm-up
@@ -1127,7 +1140,7 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
 
 
 __all__ = ["Benchmark", "BenchConfig", "E2EBench", "MemoryBench", "OracleBench", "PairKind", "TargetPassBench",
-           "TinyPair", "VerifierBench", "decode_step_times", "environment", "interleaved",
+           "TinyPair", "VerifierBench", "decode_step_times", "environment", "interleaved", "interleaved_generations",
            "largest_size", "print_table", "prompt_ids", "run", "run_e2e", "run_memory", "run_oracle",
            "run_target_pass", "run_verifier", "spread", "synthetic_block", "time_call",
            "validate", "write_json"]

@@ -112,6 +112,19 @@ def test_synthetic_block_is_valid_with_drafted_q_positive() -> None:
     assert torch.equal(block.q[0, 0, 0], block.q[0, 2, 0])  # one context: the first laws are shared
 
 
+def test_interleaved_generations_rotates_the_cell_order() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def run_cell(cell: str, i: int, ids: list[int]) -> dict:
+        calls.append((cell, i))
+        return {"cell": cell, "prompt": ids}
+
+    stats = bench.interleaved_generations(["a", "b", "c"], [[1], [2], [3], [4]], run_cell)
+    assert [c for c, _ in calls] == list("abc" "bca" "cab" "abc")
+    assert [i for _, i in calls] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    assert stats == {c: [{"cell": c, "prompt": [p]} for p in (1, 2, 3, 4)] for c in "abc"}
+
+
 def test_benchmarks_load_models_in_the_configured_dtype(tmp_path) -> None:
     cfg = TargetPassBench(pair=PairKind.tiny_random, K=2, L=2, context=4, repeats=1, warmup=0)
     rec = bench.run_target_pass(cfg, tiny=TinyPair(), dtype="bfloat16")

@@ -59,10 +59,6 @@ def test_law_is_a_probability_law(method: str) -> None:
 # and ``mdbv`` take a lazy path: only the tests the outcome needs, in cheaper arithmetic.  It must make
 # exactly the decisions of the vectorised path, including coins placed exactly at h (or one ulp away).
 
-def _one(block, b):
-    return block.select(b)
-
-
 def _at_h(coins: torch.Tensor, h: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """coins moved onto h, or one ulp either side of it, at about 70% of the tests."""
     m = torch.rand(coins.shape, generator=gen, dtype=torch.float64)
@@ -105,7 +101,7 @@ def test_spectr_gbv_lazy_path_matches_vectorised_scan(monkeypatch) -> None:
             u = Uniforms(coins, uniforms.draws)
             ref = SpecTrGBV.scan(h, dists, longest_shared_prefix(block.tokens), u)
             for b in range(block.B):
-                out = v.sample(_one(block, b), u.select(b))
+                out = v.sample(block.select(b), u.select(b))
                 assert (int(out.tau[0]), int(out.sel[0]), int(out.token[0])) == \
                     (int(ref.tau[b]), int(ref.sel[b]), int(ref.token[b]))
 
@@ -161,4 +157,4 @@ def test_mdbv_single_instance_path_matches_vectorised() -> None:
     for V, L, temperature, zeros in SETTINGS:
         for seed in range(3):
             block, _ = _blocks("mdbv", V, L, temperature, zeros, seed, B=6)
-            run([_one(block, b) for b in range(block.B)])
+            run([block.select(b) for b in range(block.B)])

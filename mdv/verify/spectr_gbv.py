@@ -149,15 +149,6 @@ _THETA = math.exp(-_LOG_THETA)
 _MAX_LOG_SCALE = 700.0  # a = P(u)/A(u) above e^700 (Q(u) < e^-700): no fast sum, exact h
 
 
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class _NodeTests:
     """The certified sub-block tests of :meth:`SpecTrGBV._sample_lazy` (module docstring, "Lazy sampler"),
     with scratch vectors reused across the sub-blocks of one call."""
@@ -406,7 +397,8 @@ class SpecTrGBV(Verifier):
         log_P, log_Q, _, log_A, phi, h_full = self._node_scalars(block)
         lP, lQ, lA = log_P.tolist(), log_Q.tolist(), log_A.tolist()  # [B][K][L+1]
         phi_l, hf = phi.tolist(), h_full.tolist()  # [B][K][L-1], [B][K]
-        coins, toks = uniforms.coins.tolist(), block.tokens.tolist()  # [B][K][L]
+        coins = uniforms.coins.tolist()  # [B][K][L]
+        shared_all = longest_shared_prefix(block.tokens).tolist()  # [B][K]
         tests = _NodeTests(block)
 
         def exact_h(b: int, k: int, i: int) -> float:
@@ -424,10 +416,8 @@ class SpecTrGBV(Verifier):
         taus, sels = [], []
         for b in range(B):
             tau, sel = 0, 0
-            D = toks[b]
             for k in range(K):
-                shared = max((_lcp(D[j], D[k]) for j in range(k)), default=0)
-                start = max(tau, shared)  # draft k tests the lengths start < i <= L-1 (module docstring)
+                start = max(tau, shared_all[b][k])  # draft k tests the lengths start < i <= L-1 (module docstring)
                 if coins[b][k][L - 1] < hf[b][k]:  # the full block is never checked against H
                     tau, sel = L, k
                     break
