@@ -502,7 +502,7 @@ def test_good_input_still_runs(api) -> None:
 # --------------------------------------------------------------------------------------- the CLI table
 @dataclass(frozen=True)
 class CliCase:
-    command: str  # run | theory | bench | report
+    command: str  # run | theory | bench | train_draft | report
     args: dict[str, str] = field(default_factory=dict)  # overrides (report: {"argv": ...})
     match: str = ""  # regex the single `error:` line must match
     env: dict[str, str] = field(default_factory=dict)
@@ -577,6 +577,15 @@ CLI_CASES: dict[str, CliCase] = {
                                    r"dtype must be one of float32, bfloat16, float16, float64; got 'int8'"),
     "bench/unknown-dataset": CliCase("bench", {"benchmarks": "[e2e]", "e2e.pair": "tiny_random", "e2e.datasets": "[gsm9k]"},
                                      r"e2e.datasets: unknown dataset 'gsm9k'; valid datasets are: alpaca, gsm8k,"),
+    # python -m experiments.train_draft (checked before the target loads and hours of generation start)
+    "train_draft/unknown-distill-head": CliCase("train_draft", {"distill.head": "rows"},
+                                                r"distill.head must be 'subset' or 'full', got 'rows'$"),
+    "train_draft/subset-kl-without-subset": CliCase("train_draft", {"head_subset.enabled": "false"},
+                                                    r"distill.head=subset needs head_subset.enabled=true .* set"
+                                                    r" distill.head=full"),
+    "train_draft/unknown-gen-dtype": CliCase("train_draft", {"gen.dtype": "int8"},
+                                             r"gen.dtype must be one of \['float32', 'bfloat16', 'float16'\],"
+                                             r" got 'int8'$"),
     # python -m analysis.report
     "report/not-a-folder": CliCase("report", {"argv": "{tmp}/a-file"},
                                    r"results folder '.*a-file' is a file, not a folder; pass the folder a sweep wrote"),
@@ -587,7 +596,7 @@ CLI_CASES: dict[str, CliCase] = {
                                           r"cannot write the analysis to '.*a-file' .*pass a writable folder with --out"),
 }
 MODULES = {"run": "experiments.run", "theory": "experiments.theory", "bench": "experiments.bench",
-           "report": "analysis.report"}
+           "train_draft": "experiments.train_draft", "report": "analysis.report"}
 
 
 def _argv(name: str, c: CliCase, tmp: Path) -> list[str]:
@@ -595,7 +604,10 @@ def _argv(name: str, c: CliCase, tmp: Path) -> list[str]:
         return [sys.executable, "-m", MODULES["report"], *c.args["argv"].format(tmp=tmp).split()]
     folder = str(tmp / "out" / _slug(name))
     base = {"run": {**RUN_BASE, "results_dir": folder}, "theory": {**THEORY_BASE, "hydra.run.dir": folder},
-            "bench": {**BENCH_BASE, "hydra.run.dir": folder}}[c.command]
+            "bench": {**BENCH_BASE, "hydra.run.dir": folder},
+            # never the shipped draft's folder or the real work cache, should a row not fail early
+            "train_draft": {"hydra.run.dir": folder, "output.dir": f"{folder}/draft",
+                            "output.work_cache": f"{folder}/cache"}}[c.command]
     args = {**base, **{k: v.format(tmp=tmp) for k, v in c.args.items()}}
     return [sys.executable, "-m", MODULES[c.command], *(f"{k}={v}" for k, v in args.items())]
 
@@ -640,6 +652,7 @@ def _fork_runner(jobs_file: str) -> None:
     import experiments.bench  # noqa: F401
     import experiments.run  # noqa: F401
     import experiments.theory  # noqa: F401
+    import experiments.train_draft  # noqa: F401
     import matplotlib.pyplot  # noqa: F401
     import mdv.analysis  # noqa: F401
     import mdv.bench  # noqa: F401
@@ -759,6 +772,8 @@ def _result_files(name: str, c: CliCase, tmp: Path) -> list[Path]:
     folder = tmp / "out" / _slug(name)
     if c.command == "run":
         return sorted(folder.glob("cells/*.json"))
+    if c.command == "train_draft":
+        return sorted((folder / "draft").glob("*"))
     if c.command in ("theory", "bench"):
         return sorted(p for p in folder.glob("*")
                       if p.name in ("theory.md", "theory.csv", "theory_etau_vs_k.png") or p.name.startswith("bench_"))
