@@ -880,6 +880,10 @@ def main(cfg: DictConfig) -> None:
                       "recipe_cpu_seconds_before_eval", "recipe", "config", "head_subset"):
                 if k in prev:
                     report[k] = prev[k]
+            # the training run's config is kept, with the eval / head_subset options this run measured with
+            report["config"] = {**report.get("config", {}), "eval": OmegaConf.to_container(cfg.eval, resolve=True),
+                                "head_subset": OmegaConf.to_container(cfg.head_subset, resolve=True)}
+            report["evaluation_recipe"] = "python experiments/train_draft.py " + " ".join(sys.argv[1:])
         if cfg.head_subset.enabled:
             seqs, _ = build_sequences(cfg, tok, target, train, cache)
             subset_section = head_subset(cfg, target, tok, train, held, seqs, out_dir, cache)
