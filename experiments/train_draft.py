@@ -171,11 +171,11 @@ def batched_generate(model: Any, tok: Any, prompts: list[list[int]], max_new_tok
     outs: list[list[int]] = []
     seconds = 0.0
     sha = assets.get_asset(dp.TARGET_ASSET).sha256
+    dtype = next(model.parameters()).dtype
     for b, s in enumerate(tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch")):
         chunk = prompts[s:s + batch_size]
         spec = {"target": sha, "prompts": chunk, "max_new": max_new_tokens, "T": temperature,
                 "top_p": top_p, "seed": seed, "chunk": b}
-        dtype = next(model.parameters()).dtype
         if dtype != torch.float32:  # float32 chunks keep the keys they were cached under
             spec["dtype"] = str(dtype)
         key = _key(spec)
@@ -379,12 +379,17 @@ def train_draft(cfg: DictConfig, target: Any, seqs: list[dict[str, Any]], teach:
     if autocast_dtype is not None:  # CPU autocast does not take float16 inputs to cat/matmul
         teach = [x.float() for x in teach]
 
-    def rows_and_loss(idx: list[int], kl_rows: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float], int]:
+    def rows_and_loss(idx: list[int], sample_kl_rows: bool) -> tuple[torch.Tensor, dict[str, float], int]:
+        """The loss on sequences ``idx``: the KL at every position, or (training) at a random
+        ``distill.kl_fraction`` of them; also the loss's stats and the number of positions."""
         with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
             hd, ht = _draft_rows(draft, seqs, teach, idx)
-            rows = torch.arange(hd.shape[0]) if kl_rows is None else kl_rows(hd.shape[0])
+            n = hd.shape[0]
+            rows = torch.arange(n) if not sample_kl_rows else (
+                torch.randperm(n, generator=gen)[: max(1, int(round(frac * n)))] if frac > 0
+                else torch.empty(0, dtype=torch.long))
             loss, st = distill_loss(hd, ht, kl_head, gram, T, rows, w)
-        return loss, st, hd.shape[0]
+        return loss, st, n
 
     opt = torch.optim.AdamW(params, lr=float(t.lr), weight_decay=float(t.weight_decay), betas=(0.9, 0.98))
     steps, warm, minr = int(t.steps), int(t.warmup), float(t.min_lr_ratio)
@@ -405,7 +410,7 @@ def train_draft(cfg: DictConfig, target: Any, seqs: list[dict[str, Any]], teach:
         n = 0
         with torch.no_grad():
             for s in range(0, len(val), int(t.batch_size)):
-                _, st, rows = rows_and_loss(val[s:s + int(t.batch_size)], None)
+                _, st, rows = rows_and_loss(val[s:s + int(t.batch_size)], sample_kl_rows=False)
                 for k in tot:
                     tot[k] += st[k] * rows
                 n += rows
@@ -420,9 +425,7 @@ def train_draft(cfg: DictConfig, target: Any, seqs: list[dict[str, Any]], teach:
         for bi in _batches(tr_lengths, int(t.batch_size), rng):
             if step >= steps:
                 break
-            loss, st, n = rows_and_loss([tr[i] for i in bi], lambda n: (
-                torch.randperm(n, generator=gen)[: max(1, int(round(frac * n)))] if frac > 0
-                else torch.empty(0, dtype=torch.long)))
+            loss, st, n = rows_and_loss([tr[i] for i in bi], sample_kl_rows=True)
             opt.zero_grad(set_to_none=True)
             loss.float().backward()
             gn = torch.nn.utils.clip_grad_norm_(params, float(t.grad_clip))
@@ -812,7 +815,8 @@ def check_options(cfg: DictConfig) -> None:
     for key, allowed in (("gen.dtype", ("float32", "bfloat16", "float16")), ("train.autocast", (None, "bfloat16"))):
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
-            raise InvalidInputError(f"{key} must be one of {list(allowed)}, got {value!r}")
+            names = ", ".join("null" if a is None else a for a in allowed)  # as written in an override
+            raise InvalidInputError(f"{key} must be one of {names}; got {value!r}")
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train_draft")
