@@ -230,7 +230,7 @@ def build_sequences(cfg: DictConfig, tok: Any, target: Any, train: list[dict[str
     gen_recs = order[: int(g.num_prompts)]
     prompts = [chat_ids(tok, r["user"])[: maxlen - 16] for r in gen_recs]
     t0 = time.perf_counter()
-    gen_dtype = getattr(torch, str(g.get("dtype", "float32")))
+    gen_dtype = getattr(torch, str(g.dtype))
     # Only the training text is generated in gen.dtype (bfloat16 was 1.75x faster here, a CPU with bf16
     # matrix units); the teacher states the draft learns from are always the float32 target's.
     gen_model = target if gen_dtype == torch.float32 else copy.deepcopy(target).to(gen_dtype)
@@ -714,7 +714,8 @@ def choose_head_subsets(cfg: DictConfig, tok: Any, train: list[dict[str, Any]], 
     size = int(hs.size)
     sizes = sorted({int(z) for z in hs.sizes} | {size})
     if not 0 < size <= vocab_size or any(not 0 < z <= vocab_size for z in sizes):
-        raise ValueError(f"head_subset sizes must lie in [1, {vocab_size}]; got size={size}, sizes={sizes}")
+        raise InvalidInputError(f"head_subset sizes must lie in [1, {vocab_size}] (the target's vocabulary);"
+                                f" got size={size}, sizes={sizes}; set head_subset.size / head_subset.sizes within it")
     always = always_in_head(tok)
     gen, text = token_frequencies(seqs, train, tok)
     ranking = head_ranking(gen, text, vocab_size, float(hs.generation_weight), always)
@@ -819,22 +820,25 @@ def head_subset(cfg: DictConfig, target: Any, tok: Any, train: list[dict[str, An
 # -------------------------------------------------------------------------------------------- main
 def check_options(cfg: DictConfig) -> None:
     """Reject option values the recipe would only trip over hours later (after generation and teacher pass)."""
-    if str(cfg.distill.head) not in ("subset", "full"):
-        raise InvalidInputError(f"distill.head must be 'subset' or 'full', got {cfg.distill.head!r}")
-    if str(cfg.distill.head) == "subset" and not cfg.head_subset.enabled:
-        raise InvalidInputError("distill.head=subset needs head_subset.enabled=true (the KL is over the shipped"
-                                " head subset); set distill.head=full to distil over the whole vocabulary")
-    samples = cfg.gen.samples_per_prompt
-    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
-        raise InvalidInputError(f"gen.samples_per_prompt must be an integer >= 1; got {samples!r}")
-    if samples > 1 and float(cfg.gen.temperature) <= 0:
-        raise InvalidInputError("gen.samples_per_prompt > 1 needs gen.temperature > 0 (greedy samples are"
-                                " identical); set gen.samples_per_prompt=1 or a positive gen.temperature")
-    for key, allowed in (("gen.dtype", ("float32", "bfloat16", "float16")), ("train.autocast", (None, "bfloat16"))):
+    for key, allowed in (("distill.head", ("subset", "full")), ("gen.dtype", ("float32", "bfloat16", "float16")),
+                         ("train.autocast", (None, "bfloat16"))):
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             names = ", ".join("null" if a is None else a for a in allowed)  # as written in an override
             raise InvalidInputError(f"{key} must be one of {names}; got {value!r}")
+    for key, minimum, nullable in (("data.num_reference", 0, True), ("data.num_raw_code", 0, True),
+                                   ("gen.samples_per_prompt", 1, False), ("head_subset.size", 1, False)):
+        value = OmegaConf.select(cfg, key)
+        if not (value is None and nullable) and (not isinstance(value, int) or isinstance(value, bool)
+                                                 or value < minimum):
+            raise InvalidInputError(f"{key} must be an integer >= {minimum}{' or null (all)' if nullable else ''};"
+                                    f" got {value!r}")
+    if str(cfg.distill.head) == "subset" and not cfg.head_subset.enabled:
+        raise InvalidInputError("distill.head=subset needs head_subset.enabled=true (the KL is over the shipped"
+                                " head subset); set distill.head=full to distil over the whole vocabulary")
+    if cfg.gen.samples_per_prompt > 1 and float(cfg.gen.temperature) <= 0:
+        raise InvalidInputError("gen.samples_per_prompt > 1 needs gen.temperature > 0 (greedy samples are"
+                                " identical); set gen.samples_per_prompt=1 or a positive gen.temperature")
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train_draft")

@@ -579,7 +579,7 @@ CLI_CASES: dict[str, CliCase] = {
                                      r"e2e.datasets: unknown dataset 'gsm9k'; valid datasets are: alpaca, gsm8k,"),
     # python -m experiments.train_draft (checked before the target loads and hours of generation start)
     "train_draft/unknown-distill-head": CliCase("train_draft", {"distill.head": "rows"},
-                                                r"distill.head must be 'subset' or 'full', got 'rows'$"),
+                                                r"distill.head must be one of subset, full; got 'rows'$"),
     "train_draft/subset-kl-without-subset": CliCase("train_draft", {"head_subset.enabled": "false"},
                                                     r"distill.head=subset needs head_subset.enabled=true .* set"
                                                     r" distill.head=full"),

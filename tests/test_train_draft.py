@@ -82,12 +82,15 @@ def test_shipped_config_passes_the_option_checks():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"distill.head": "rows"}, r"distill.head must be 'subset' or 'full', got 'rows'"),
+    ({"distill.head": "rows"}, r"distill.head must be one of subset, full; got 'rows'"),
     ({"head_subset.enabled": False}, r"distill.head=subset needs head_subset.enabled=true"),
     ({"gen.dtype": "int8"}, r"gen.dtype must be one of float32, bfloat16, float16; got 'int8'"),
     ({"train.autocast": "float16"}, r"train.autocast must be one of null, bfloat16; got 'float16'"),
     ({"gen.samples_per_prompt": 0}, r"gen.samples_per_prompt must be an integer >= 1; got 0"),
     ({"gen.samples_per_prompt": "two"}, r"gen.samples_per_prompt must be an integer >= 1; got 'two'"),
+    ({"data.num_reference": -1}, r"data.num_reference must be an integer >= 0 or null \(all\); got -1"),
+    ({"data.num_raw_code": "all"}, r"data.num_raw_code must be an integer >= 0 or null \(all\); got 'all'"),
+    ({"head_subset.size": 0}, r"head_subset.size must be an integer >= 1; got 0"),
     ({"gen.temperature": 0.0, "gen.samples_per_prompt": 2}, r"gen.samples_per_prompt > 1 needs gen.temperature > 0 .* set gen.samples_per_prompt=1"),
 ])
 def test_bad_recipe_options_fail_before_any_work(overrides, message):
