@@ -1046,7 +1046,7 @@ def ordering_claim(tables: Sequence[Table], metric: str, order: Sequence[str] = 
                 f" verifier. GBV here is mdv's `gbv` (greedy block verification with the target adjustment).")
     if metric == "sr":
         note = ("Speedup depends on this machine's draft/target cost ratio; tiny models are dominated by per-call"
-                " overhead (field.md §6), so compare block efficiency first.")
+                " overhead, so compare block efficiency first.")
     note = ("Checked in every table with K ≥ 2, over the methods of the ordering present there. " + note).strip()
     return Claim(f"ordering_{metric}", f"Ordering {' > '.join(order)} in {name} (per dataset and on average)",
                  findings, note)

@@ -57,7 +57,8 @@ _GSM_TREES: dict[str, tuple[str, int, int]] = {
     "tha": ("320e03fa436e8aa30b02543adf135f6af682c8706a34bae7876d7df95ce3d5d6", 100, 345_918),
     "zho": ("c0c1e0dec6e8efe25ed18720ecebc4e7f328b3691083058c8e37e1e0c21b6438", 100, 221_765),
 }
-# Human validation per the package's `human-validated` field (offline-assets.md §1).
+# Languages whose machine translations the package records as checked by native speakers (its validation
+# field; eng is the original); ben, spa, swh, tel and tha have no validation field.
 _VALIDATED = {"deu", "fra", "jpn", "rus", "zho", "eng"}
 
 
