@@ -171,7 +171,18 @@ ASSETS: dict[str, Asset] = {
     ]
 }
 
-DEFAULT_ASSETS: tuple[str, ...] = tuple(n for n, a in ASSETS.items() if not a.optional)
+
+
+def _register_dataset_assets() -> None:
+    """Register the assets that :mod:`mdv.data.sources` declares (the MGSM-like language trees), so that the
+    command line lists, fetches and checks them too (that module imports this one, hence the late import)."""
+    import mdv.data.sources  # noqa: F401
+
+
+def default_assets() -> tuple[str, ...]:
+    """Every non-optional asset: the embedded default pair's files and every offline dataset source."""
+    _register_dataset_assets()
+    return tuple(n for n, a in ASSETS.items() if not a.optional)
 
 
 def cache_dir() -> Path:
@@ -429,12 +440,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("check", help="verify assets (default: all non-optional ones); exit 1 if any is missing")
     c.add_argument("names", nargs="*")
     args = ap.parse_args(argv)
+    _register_dataset_assets()
     if args.cmd == "list":
         print(f"cache: {cache_dir()}")
         for n in ASSETS:
             print(_status_line(n)[1])
         return 0
-    names: Iterable[str] = args.names or DEFAULT_ASSETS
+    names: Iterable[str] = args.names or default_assets()
     try:
         for n in names:
             get_asset(n)
@@ -462,4 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module's main: under ``python -m`` this file is also ``__main__``, a second copy whose
+    # registry the dataset assets (registered into ``mdv.assets``) would never reach
+    from mdv.assets import main as _main
+    sys.exit(_main())

@@ -132,7 +132,7 @@ def test_qwen_pair_is_registered_as_optional() -> None:
                                                                                "1d9614638d18")]:
         a = assets.get_asset(name)
         assert a.optional and len(a.parts) == n and a.sha256.startswith(sha)
-        assert name not in assets.DEFAULT_ASSETS
+        assert name not in assets.default_assets()
 
 
 def test_cli_check_reports_missing(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,6 +140,24 @@ def test_cli_check_reports_missing(cache: Path, capsys: pytest.CaptureFixture[st
     assert "python -m mdv.assets fetch fake-asset" in capsys.readouterr().err
     _write(assets.target_path("fake-asset"), CONTENT)
     assert assets.main(["check", "fake-asset"]) == 0
+
+
+def test_cli_covers_the_dataset_assets(tmp_path: Path) -> None:
+    """``python -m mdv.assets`` lists and checks the per-language MGSM-like trees that mdv.data declares
+    (under ``-m`` the module runs as ``__main__``, a second copy of the registry)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MDV_CACHE": str(tmp_path)}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "mdv.assets", *a], capture_output=True, text=True,
+                                    env=env, timeout=120)
+    listed = run("list")
+    assert listed.returncode == 0, listed.stderr
+    assert [ln.split()[:3] for ln in listed.stdout.splitlines() if ln.startswith("gsm-symbolic-deu ")] == [
+        ["gsm-symbolic-deu", "dataset", "absent"]]
+    checked = run("check")
+    assert checked.returncode == 1 and "gsm-symbolic-deu" in checked.stderr.splitlines()[-1], checked.stderr
+    assert "qwen2.5-coder" not in checked.stdout  # optional assets are not defaults
 
 
 def test_load_default_pair_without_target_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
