@@ -47,7 +47,6 @@ PALETTE = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#8c564b", "#2ca02c", "#9467bd", "#d
 SPLIT_KEYS = ("draft", "target", "verify", "other")
 SPLIT_COLORS = {"draft": "#1f77b4", "target": "#ff7f0e", "verify": "#d62728", "other": "#bbbbbb"}
 REPORT_NAME = "bench_report.md"
-PLOT_NAMES = ("verify_cost_vs_vocab", "e2e_speedup_vs_L", "e2e_time_split")
 
 
 class BenchReportError(InvalidInputError):

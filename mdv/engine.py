@@ -1,4 +1,4 @@
-"""The speculative decoding loop and the autoregressive baseline (design.md, "One picture").
+"""The speculative decoding loop and the autoregressive baseline.
 
 One iteration of :func:`generate` with a verifier:
 
@@ -167,7 +167,7 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     from mdv.verify.registry import VERIFIERS
 
     # ------------------------------------------------------------------ validation (before any work)
-    valid = [AR, *VERIFIERS]
+    valid = valid_methods()
     if not isinstance(method, str) or method not in valid:
         raise unknown_name("method", method, valid)
     K = _int_arg("K", K, 1)

@@ -81,6 +81,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from mdv._fs import ensure_writable_dir
 from mdv.errors import InvalidInputError, MdvError, MissingAssetError
 from mdv.theory import TheoryConfig
 
@@ -258,15 +259,15 @@ def _is_int(x: Any) -> bool:
 
 def validate(cfg: RunConfig) -> None:
     """Check the grid values; raise :class:`~mdv.errors.InvalidInputError` naming the config key."""
-    from mdv.verify.registry import VERIFIERS
+    from mdv.engine import valid_methods
 
     methods = [_value(m) for m in cfg.method.names]
-    valid_methods = ["ar", *VERIFIERS]
+    valid = valid_methods()
     if not methods:
         raise InvalidInputError("method.names is empty; choose e.g. method=all or method=sd")
-    bad = [m for m in methods if m not in valid_methods]
+    bad = [m for m in methods if m not in valid]
     if bad:
-        raise InvalidInputError(f"unknown method(s) {bad}; valid methods are: {', '.join(valid_methods)}")
+        raise InvalidInputError(f"unknown method(s) {bad}; valid methods are: {', '.join(valid)}")
     if not cfg.dataset.names:
         raise InvalidInputError("dataset.names is empty; choose e.g. dataset=all or dataset=humaneval")
     for key, values in (("sweep.K", cfg.sweep.K), ("sweep.L", cfg.sweep.L)):
@@ -653,18 +654,12 @@ def check_existing(path: Path, cell: Cell, *, announce: bool = True) -> tuple[st
 def check_writable_dir(path: str | os.PathLike[str], key: str = "results_dir") -> Path:
     """Create ``path`` (and parents) and prove it is writable with a probe file; raise
     :class:`~mdv.errors.InvalidInputError` naming the config ``key`` and the fix otherwise."""
-    folder = Path(path)
-    probe = folder / f".write-probe.{_owner()}.tmp"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(probe, "w") as f:
-            f.write("ok")
-        probe.unlink()
+        return ensure_writable_dir(path)
     except OSError as e:
         raise InvalidInputError(
             f"{key} {str(path)!r} is not writable ({e.strerror or e}); pass a writable folder,"
             f" e.g. {key}=/tmp/mdv-results") from None
-    return folder
 
 
 def prepare_results_dir(results_dir: str | os.PathLike[str]) -> Path:

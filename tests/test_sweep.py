@@ -135,6 +135,14 @@ def test_smoke_grid_has_every_method_and_dataset() -> None:
     assert multi == {3} and {c.K for c in cells if c.method in ("sd", "bv", "gbv")} == {1}
 
 
+def test_method_schema_lists_exactly_the_registered_methods() -> None:
+    """The typed schema's ``Method`` enum is static (Hydra needs it at compose time); it must name exactly
+    the engine's methods, so that registering a verifier without adding it here fails."""
+    from mdv.engine import valid_methods
+
+    assert [m.value for m in sweep.Method] == valid_methods()
+
+
 def test_cell_id_depends_on_every_config_field() -> None:
     base = Cell(dataset="gsm8k", method="sd", K=1, L=4, temperature=0.4, top_k=None, top_p=None, max_new_tokens=32,
                 seed=0, n_prompts=3, models="default")

@@ -85,9 +85,6 @@ class Block:
             index = slice(index, index + 1)
         return Block(self.tokens[index], self.q[index], self.p[index])
 
-    def with_target(self, p: Tensor) -> "Block":
-        return Block(self.tokens, self.q, p)
-
     def validate(self, *, check_sums: bool = True, full: bool = True) -> "Block":
         """Raise :class:`~mdv.errors.InvalidInputError` naming the argument if anything is off.
 
