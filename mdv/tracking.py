@@ -17,9 +17,11 @@ Offline by default: the mode is ``logger.mode``, else ``$WANDB_MODE``, else ``of
 them later with ``wandb sync <dir>/wandb/offline-run-*`` (or ``wandb sync --sync-all`` from ``<dir>``).
 Off unless the user asks for it (``logger=none`` is the default).
 
-The decode speedup shown here follows the analysis convention: per prompt, AR decode seconds ÷ method
+The decode speedup shown here is a live preview of the analysis's: per prompt, AR decode seconds ÷ method
 decode seconds with the AR cell of the same (dataset, temperature, top_k, top_p, max_new_tokens,
-seed, n_prompts, models), the warm-up prompt(s) excluded, averaged over prompts.
+seed, n_prompts, models), the warm-up prompt(s) excluded, averaged over prompts.  Unlike
+:func:`mdv.analysis.find_ar` it does not check that both cells ran on the same machine and environment
+(a resumed sweep may mix machines), so quote the speedups of ``analysis.report``.
 """
 from __future__ import annotations
 

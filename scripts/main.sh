@@ -4,6 +4,14 @@
 # Extra arguments are Hydra overrides of the sweep (e.g. dataset.n_prompts=2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for arg in "$@"; do
+  case "$arg" in
+    results_dir=*|+results_dir=*|++results_dir=*)
+      # the analysis step reads $MDV_RESULTS, so an override here would analyse another directory
+      echo "error: $arg: the analysis would read another directory; set the results directory with MDV_RESULTS=${arg#*=} bash scripts/main.sh" >&2
+      exit 2 ;;
+  esac
+done
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 RESULTS="${MDV_RESULTS:-outputs/smoke}"

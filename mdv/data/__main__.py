@@ -6,7 +6,8 @@
     python -m mdv.data fetch [names...]          # fetch offline sources (default: all five datasets') into the cache
     python -m mdv.data fetch --force humaneval   # download again
     python -m mdv.data check [names...]          # verify + read the offline sources; exit 1 when one is missing
-    python -m mdv.data show gsm8k -n 3           # print a few prompts (--source, --seed as in load_prompts)
+    python -m mdv.data show gsm8k -n 3           # print the first 3 prompts (--seed S: a seeded sample as in
+                                                 # load_prompts, which samples with seed 0 by default; --source)
 
 Exit status: 0 ok, 1 a source is missing or a fetch failed, 2 bad arguments (unknown dataset).
 """

@@ -17,7 +17,8 @@ from mdv.errors import InvalidInputError
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature >= 0 (0 = greedy); top_k: None or 0 = off, else keep the k most likely tokens;
+    """temperature >= 0 (0 = greedy); top_k: None or 0 = off, else keep the k most likely tokens (and every
+    token tied with the k-th: a tie is not broken by token id, so p and q keep the same set);
     top_p in (0, 1]: keep the smallest set of most likely tokens whose mass reaches top_p."""
 
     temperature: float = 1.0
