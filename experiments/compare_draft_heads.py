@@ -9,8 +9,8 @@ and ``load_draft(head="subset")``, the default).  Then, all in one process:
 
 1. draft step cost: median single-token KV-cache step of the target and of each draft with 1 and 3
    rows, every (model, rows) interleaved in each repetition (``experiments.train_draft.step_costs``);
-2. end to end: for each prompt (``mdv.bench.prompt_ids``, the ``--datasets`` round robin, gsm8k then humaneval by default; the first
-   is a warm-up), AR and every (method, K=1, L) with each draft, the order rotated per prompt; tokens/s,
+2. end to end: for each prompt (``mdv.bench.prompt_ids``, the ``--datasets`` round robin, gsm8k then
+   humaneval by default; the first is a warm-up), AR and every (method, K=1, L) with each draft, the order rotated per prompt; tokens/s,
    decode speedup vs AR of the same prompt (median over the timed prompts) and block efficiency
    (emitted tokens / target calls, all prompts).  Generation never stops at EOS.
 

@@ -172,7 +172,6 @@ ASSETS: dict[str, Asset] = {
 }
 
 
-
 def _register_dataset_assets() -> None:
     """Register the assets that :mod:`mdv.data.sources` declares (the MGSM-like language trees), so that the
     command line lists, fetches and checks them too (that module imports this one, hence the late import)."""
