@@ -833,6 +833,9 @@ def check_options(cfg: DictConfig) -> None:
                                                  or value < minimum):
             raise InvalidInputError(f"{key} must be an integer >= {minimum}{' or null (all)' if nullable else ''};"
                                     f" got {value!r}")
+    sizes = cfg.head_subset.sizes
+    if not isinstance(sizes, Sequence) or any(not isinstance(z, int) or isinstance(z, bool) or z < 1 for z in sizes):
+        raise InvalidInputError(f"head_subset.sizes must be a list of integers >= 1; got {sizes!r}")
     if str(cfg.distill.head) == "subset" and not cfg.head_subset.enabled:
         raise InvalidInputError("distill.head=subset needs head_subset.enabled=true (the KL is over the shipped"
                                 " head subset); set distill.head=full to distil over the whole vocabulary")

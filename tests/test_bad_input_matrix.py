@@ -8,8 +8,8 @@ Two tables:
   corrupt cell file the analysis' ``CellFileError``, which it turns into one warning line) with a
   one-line message that names the bad value and says how to fix it.
 * ``CLI_CASES`` -- the commands (``python -m experiments.run | experiments.theory | experiments.bench |
-  experiments.train_draft``, ``python -m analysis.report``).  Each must exit with status 2 and exactly one ``error:`` line matching
-  the row's pattern, no traceback, and no result file.  Every row runs in its own process, all at once:
+  experiments.train_draft``, ``python -m analysis.report``).  Each must exit with status 2 and exactly one
+  ``error:`` line matching the row's pattern, no traceback, and no result file.  Every row runs in its own process, all at once:
   forked from one runner that imported torch, mdv and Hydra once (:func:`_fork_runner`; ~25 s instead of
   ~2 min for ~30 plain ``python -m`` runs on 2 cores), and two rows also as plain subprocesses, which
   must give the same exit status and stderr.

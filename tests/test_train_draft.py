@@ -91,6 +91,8 @@ def test_shipped_config_passes_the_option_checks():
     ({"data.num_reference": -1}, r"data.num_reference must be an integer >= 0 or null \(all\); got -1"),
     ({"data.num_raw_code": "all"}, r"data.num_raw_code must be an integer >= 0 or null \(all\); got 'all'"),
     ({"head_subset.size": 0}, r"head_subset.size must be an integer >= 1; got 0"),
+    ({"head_subset.sizes": [2048, 0]}, r"head_subset.sizes must be a list of integers >= 1; got \[2048, 0\]"),
+    ({"head_subset.sizes": 4096}, r"head_subset.sizes must be a list of integers >= 1; got 4096"),
     ({"gen.temperature": 0.0, "gen.samples_per_prompt": 2}, r"gen.samples_per_prompt > 1 needs gen.temperature > 0 .* set gen.samples_per_prompt=1"),
 ])
 def test_bad_recipe_options_fail_before_any_work(overrides, message):
