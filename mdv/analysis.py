@@ -175,6 +175,12 @@ def load_cell(path: Path) -> Cell:
         data = json.loads(raw)
     except json.JSONDecodeError as err:
         raise CellFileError(f"not valid JSON, truncated or corrupt ({err.msg} at line {err.lineno} column {err.colno})") from None
+    return parse_cell(data, path)
+
+
+def parse_cell(data: Any, path: Path = Path("<record>")) -> Cell:
+    """Validate one cell record (the parsed JSON of a cell file, or the sweep's record in memory) against the
+    ``mdv.cell/1`` contract; raises CellFileError."""
     if not isinstance(data, dict):
         raise CellFileError(f"top level is a {type(data).__name__}, expected an object")
     if data.get("schema") != SCHEMA:

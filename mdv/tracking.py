@@ -17,11 +17,11 @@ Offline by default: the mode is ``logger.mode``, else ``$WANDB_MODE``, else ``of
 them later with ``wandb sync <dir>/wandb/offline-run-*`` (or ``wandb sync --sync-all`` from ``<dir>``).
 Off unless the user asks for it (``logger=none`` is the default).
 
-The decode speedup shown here is a live preview of the analysis's: per prompt, AR decode seconds ÷ method
-decode seconds with the AR cell of the same (dataset, temperature, top_k, top_p, max_new_tokens,
-seed, n_prompts, models), the warm-up prompt(s) excluded, averaged over prompts.  Unlike
-:func:`mdv.analysis.find_ar` it does not check that both cells ran on the same machine and environment
-(a resumed sweep may mix machines), so quote the speedups of ``analysis.report``.
+The decode speedup shown here is the analysis's own (:func:`mdv.analysis.find_ar` pairs the cell with its
+AR cell: same dataset, sampling, seed, prompt count, models, machine and environment;
+:func:`mdv.analysis.speedups` gives AR decode seconds ÷ method decode seconds per prompt, the warm-up
+prompt(s) excluded), averaged over prompts: the number ``analysis.report`` tabulates for a single cell.
+It is absent where the analysis has no pairing (no AR cell yet, another machine, a failed cell).
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Iterable, Optional, Protocol, Sequence
 
+from mdv.analysis import AR, Cell, CellFileError, find_ar, parse_cell, speedups
 from mdv.errors import InvalidInputError
 
 #: Per-cell metrics copied from a cell's ``summary`` into W&B (when present).
@@ -39,7 +40,6 @@ METRIC_KEYS = (
     "tokens_per_second_ci95", "tokens_per_second_e2e_mean", "mean_accepted_length_mean", "acceptance_rate_kl",
     "acceptance_rate_l", "new_tokens", "target_calls", "prefill_s", "decode_s", "total_s",
 )
-PAIR_KEYS = ("dataset", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "n_prompts", "models")
 TABLE_COLUMNS = ["cell_id", "status", "dataset", "dataset_label", "dataset_source", "method", "K", "L",
                  "temperature", "top_k", "top_p", "max_new_tokens", "seed", "n_prompts", "models",
                  "block_efficiency_mean", "block_efficiency_ci95", "tokens_per_second_mean", "acceptance_rate_kl",
@@ -78,31 +78,44 @@ def _num(x: Any) -> Optional[float]:
     return x if math.isfinite(x) else None
 
 
-def _pair_key(config: dict[str, Any]) -> tuple:
-    return tuple(config.get(k) for k in PAIR_KEYS)
+def ar_cells(records: Iterable[dict[str, Any]]) -> list[Cell]:
+    """The usable AR cells among ``records`` as :class:`mdv.analysis.Cell` (invalid or failed ones dropped)."""
+    cells = []
+    for r in records:
+        if r.get("config", {}).get("method") == AR and r.get("status") == "ok":
+            try:
+                cells.append(parse_cell(r))
+            except CellFileError:
+                continue
+    return cells
 
 
-def paired_speedup(ar: dict[str, Any], rec: dict[str, Any]) -> Optional[float]:
-    """Mean over prompts (warm-up excluded) of AR decode seconds ÷ method decode seconds; None when the
-    cells cannot be paired (failed, or fewer than warm-up + 1 prompts)."""
-    if ar.get("status") != "ok" or rec.get("status") != "ok":
+def decode_speedup(record: dict[str, Any], ars: Sequence[Cell]) -> Optional[float]:
+    """Mean over timed prompts of the decode speedup of ``record`` over the AR cell of ``ars`` (from
+    :func:`ar_cells`) that :func:`mdv.analysis.find_ar` pairs it with (AR itself: 1.0); None when the
+    analysis would pair nothing."""
+    try:
+        cell = parse_cell(record)
+    except CellFileError:
         return None
-    warm = int(rec.get("config", {}).get("warmup_prompts", 1))
-    a = {g["prompt_index"]: g["stats"]["decode_s"] for g in ar.get("generations", [])}
-    ratios = [a[g["prompt_index"]] / g["stats"]["decode_s"] for g in rec.get("generations", [])
-              if g["prompt_index"] >= warm and g["prompt_index"] in a and g["stats"]["decode_s"] > 0]
-    return sum(ratios) / len(ratios) if ratios else None
+    if cell.status != "ok":
+        return None
+    if cell.method == AR:
+        return 1.0
+    ar, _why = find_ar(cell, ars)
+    if ar is None:
+        return None
+    decode = speedups(cell, ar).decode
+    return sum(decode) / len(decode) if decode else None
 
 
 def summary_rows(records: Sequence[dict[str, Any]]) -> list[list[Any]]:
     """One row per cell record, columns :data:`TABLE_COLUMNS` (speedup paired with the AR cell)."""
-    ars = {_pair_key(r["config"]): r for r in records if r.get("config", {}).get("method") == "ar"}
+    ars = ar_cells(records)
     rows = []
     for r in records:
         c, s, d = r.get("config", {}), r.get("summary", {}) or {}, r.get("dataset", {}) or {}
-        ar = ars.get(_pair_key(c))
-        speed = 1.0 if c.get("method") == "ar" and r.get("status") == "ok" else (
-            paired_speedup(ar, r) if ar is not None else None)
+        speed = decode_speedup(r, ars)
         rows.append([r.get("cell_id"), r.get("status"), c.get("dataset"), d.get("label"), d.get("source"),
                      c.get("method"), c.get("K"), c.get("L"), c.get("temperature"), c.get("top_k"), c.get("top_p"),
                      c.get("max_new_tokens"), c.get("seed"), c.get("n_prompts"), c.get("models"),
@@ -169,9 +182,7 @@ class WandbTracker:
         data.update({f"config/{k}": v for k, v in config.items() if v is not None})
         data.update({f"metrics/{k}": _num(summary.get(k)) for k in METRIC_KEYS if _num(summary.get(k)) is not None})
         if config.get("method") != "ar":
-            ar = next((r for r in self._records.values() if r.get("config", {}).get("method") == "ar"
-                       and _pair_key(r["config"]) == _pair_key(config)), None)
-            speed = paired_speedup(ar, record) if ar is not None else None
+            speed = decode_speedup(record, ar_cells(self._records.values()))
             if speed is not None:
                 data["metrics/speedup_decode_mean"] = speed
         hist = summary.get("accepted_length_histogram")

@@ -418,6 +418,36 @@ def test_wandb_logger_writes_an_offline_run(finished: Path, tmp_path: Path, monk
         assert speed is not None and speed > 0  # every method pairs with its AR cell
 
 
+def test_tracked_speedup_is_the_analysis_pairing(finished: Path) -> None:
+    """The W&B speedup is the analysis's: AR decode s ÷ method decode s over the timed prompts (warm-up
+    excluded) against the AR cell of the same dataset and machine, computed here from the raw records; a
+    cell whose AR ran on another machine gets none, as in ``analysis.report``."""
+    import copy
+
+    from mdv.tracking import TABLE_COLUMNS, ar_cells, decode_speedup, summary_rows
+
+    records = [read_cell(p) for p in sorted((finished / "cells").glob("*.json"))]
+    assert len(records) == 6
+    ars = ar_cells(records)
+    assert len(ars) == 2
+    for rec in records:
+        config = rec["config"]
+        ar = next(r for r in records if r["config"]["method"] == "ar" and r["config"]["dataset"] == config["dataset"])
+        ar_decode = {g["prompt_index"]: g["stats"]["decode_s"] for g in ar["generations"]}
+        warm = config.get("warmup_prompts", 1)
+        ratios = [ar_decode[g["prompt_index"]] / g["stats"]["decode_s"] for g in rec["generations"]
+                  if g["prompt_index"] >= warm]
+        assert ratios
+        expected = 1.0 if config["method"] == "ar" else sum(ratios) / len(ratios)
+        assert decode_speedup(rec, ars) == pytest.approx(expected, rel=1e-12)
+    moved = copy.deepcopy(next(r for r in records if r["config"]["method"] == "sd"))
+    moved["environment"]["cpu"] = "another machine's cpu"
+    assert decode_speedup(moved, ars) is None
+    column = TABLE_COLUMNS.index("speedup_decode_mean")
+    rows = summary_rows(records + [moved])
+    assert rows[-1][column] is None and all(r[column] is not None for r in rows[:-1])
+
+
 def test_logger_none_is_the_default() -> None:
     from mdv.tracking import NullTracker, make_tracker
 
