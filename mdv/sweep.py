@@ -1144,7 +1144,7 @@ def run_sweep(cfg: RunConfig, tracker: Any = None, *, loader: Callable[..., Any]
             finally:
                 lock.release()
             (ok if error is None else failed).append(cell.cell_id)
-            tracker.log_cell(record, resumed=False)
+            tracker.log_cell(json_safe(record), resumed=False)  # what the cell file holds (NaN -> null)
             be = record["summary"].get("block_efficiency_mean", float("nan")) if error is None else float("nan")
             msg = f"{cell.cell_id}: " + (f"block efficiency {be:.2f}, {wall:.1f} s" if error is None
                                          else f"FAILED ({error.splitlines()[0]})")

@@ -47,8 +47,8 @@ TABLE_COLUMNS = ["cell_id", "status", "dataset", "dataset_label", "dataset_sourc
 
 
 class Tracker(Protocol):
-    """What :func:`mdv.sweep.run_sweep` calls: ``start`` once, ``log_cell`` per cell (run or resumed),
-    ``finish`` once with every cell record on disk."""
+    """What :func:`mdv.sweep.run_sweep` calls: ``start`` once, ``log_cell`` per cell (run or resumed) with
+    the record its cell file holds, ``finish`` once with every cell record on disk."""
 
     def start(self, cfg: Any, cells: Sequence[Any]) -> None: ...
 

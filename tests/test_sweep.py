@@ -448,6 +448,31 @@ def test_tracked_speedup_is_the_analysis_pairing(finished: Path) -> None:
     assert rows[-1][column] is None and all(r[column] is not None for r in rows[:-1])
 
 
+def test_tracker_gets_cell_file_records_that_pair_like_the_analysis(tmp_path: Path) -> None:
+    """Freshly computed cells reach the tracker as their cell files hold them, so every method cell gets the
+    speedup the files give (the test above covers resumed cells)."""
+    from mdv.tracking import NullTracker, ar_cells, decode_speedup
+
+    class Recording(NullTracker):
+        def __init__(self) -> None:
+            self.logged: list[dict[str, Any]] = []
+
+        def log_cell(self, record: dict[str, Any], resumed: bool) -> None:
+            assert not resumed
+            self.logged.append(record)
+
+    tracker = Recording()
+    report = run_sweep(tiny_config(tmp_path), tracker)
+    assert len(report.ok) == 6 and len(tracker.logged) == 6
+    files = {cid: read_cell(cell_path(tmp_path, cid)) for cid in report.ok}
+    live, on_disk = ar_cells(tracker.logged), ar_cells(files.values())
+    assert len(live) == len(on_disk) == 2
+    for record in tracker.logged:
+        assert record == files[record["cell_id"]]
+        speed = decode_speedup(record, live)
+        assert speed is not None and speed == decode_speedup(files[record["cell_id"]], on_disk)
+
+
 def test_logger_none_is_the_default() -> None:
     from mdv.tracking import NullTracker, make_tracker
 
