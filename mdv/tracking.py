@@ -156,7 +156,7 @@ class WandbTracker:
         self.mode, self.dir, self.name = mode, dir, name
         self.run: Any = None
         self._step = 0
-        self._records: dict[str, dict[str, Any]] = {}
+        self._ar_cells: dict[str, Cell] = {}  # the AR cells logged so far, parsed once, by cell_id
 
     def start(self, cfg: Any, cells: Sequence[Any]) -> None:
         try:
@@ -175,14 +175,14 @@ class WandbTracker:
 
         if self.run is None:
             return
-        self._records[record["cell_id"]] = record
+        self._ar_cells.update((c.cell_id, c) for c in ar_cells([record]))
         config, summary = record.get("config", {}), record.get("summary", {}) or {}
         data: dict[str, Any] = {"cell_id": record["cell_id"], "status": record.get("status"),
                                 "resumed": int(resumed), "wall_seconds": _num(record.get("wall_seconds"))}
         data.update({f"config/{k}": v for k, v in config.items() if v is not None})
         data.update({f"metrics/{k}": _num(summary.get(k)) for k in METRIC_KEYS if _num(summary.get(k)) is not None})
         if config.get("method") != "ar":
-            speed = decode_speedup(record, ar_cells(self._records.values()))
+            speed = decode_speedup(record, list(self._ar_cells.values()))
             if speed is not None:
                 data["metrics/speedup_decode_mean"] = speed
         hist = summary.get("accepted_length_histogram")

@@ -3,8 +3,9 @@
 * build_tree: shared draft prefixes become one node; node_of / path / ancestors / the attention mask
   follow the parent links; a pending chain of m > 1 tokens comes first.
 * HFSession.extend_tree: the logits after every node equal a fresh full-prefix forward pass (float64:
-  1e-10 with sdpa; 1e-6 with eager, whose softmax transformers takes in float32); after keep_nodes the cache continues exactly as if only the kept
-  path had been processed, over several trees in a row; crop drops a pending tree.
+  1e-10 with sdpa; 1e-6 with eager, whose softmax transformers takes in float32); after keep_nodes the
+  cache continues exactly as if only the kept path had been processed, over several trees in a row;
+  crop drops a pending tree.
 * PrefixSession (CallableLM) gives the same scores and rows.
 * The engine: "tree" and "rows" target passes give the same tokens at T = 0 and the same p and q (to
   1e-9) at T > 0 along a run with accepts and rejects; misuse of the session API is a clear error.
