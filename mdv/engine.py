@@ -39,7 +39,7 @@ from mdv.metrics import GenerationStats, Stopwatch
 from mdv.models.base import LanguageModel, check_model, check_token_ids
 from mdv.models.sampling import SamplingConfig
 from mdv.models.session import DecodeSession, open_session, tree_capable
-from mdv.models.tree import build_tree
+from mdv.models.tree import TokenTree, build_tree
 from mdv.verify._math import categorical
 from mdv.verify.base import Block, Outcome, Verifier
 
@@ -259,6 +259,54 @@ def _decode_ar(tgt: DecodeSession, prompt: list[int], sampling: SamplingConfig, 
     return out
 
 
+def draft_blocks(drf: DecodeSession, seq: Sequence[int], K: int, L: int, sampling: SamplingConfig,
+                 generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """K i.i.d. draft blocks of length L after ``seq`` (module docstring, step 1): the draft session feeds
+    its pending tokens ``seq[drf.length:]`` in one row, forks into K rows and takes L sequential steps
+    (L draft calls).  Each token is drawn from exactly the float64 vector recorded in q.
+
+    Returns tokens [K, L] int64 and q [K, L, V] float64 on the generator's device; the session is left
+    with K rows holding ``seq`` and the first L - 1 draft tokens.
+    """
+    gdev = generator.device
+    pending = torch.tensor([list(seq[drf.length:])], dtype=torch.long, device=drf.device)  # [1, m]
+    logits = drf.extend(pending)[:, -1]  # [1, V]
+    drf.fork(K)
+    q_i = sampling.probs(logits).to(gdev).expand(K, -1)  # [K, V] float64, shared first law
+    qs: list[Tensor] = []
+    toks: list[Tensor] = []
+    for i in range(L):
+        u = torch.rand(K, generator=generator, dtype=torch.float64, device=gdev)
+        x = categorical(q_i, u)  # [K]: drawn from exactly q_i
+        qs.append(q_i)
+        toks.append(x)
+        if i < L - 1:
+            logits = drf.extend(x.unsqueeze(1).to(drf.device))[:, -1]  # [K, V]
+            q_i = sampling.probs(logits).to(gdev)
+    return torch.stack(toks, 1), torch.stack(qs, 1)
+
+
+def score_drafts(tgt: DecodeSession, seq: Sequence[int], tokens: Tensor, sampling: SamplingConfig,
+                 tree: TokenTree | None = None) -> Tensor:
+    """The target laws along K drafts after ``seq`` in ONE pass (module docstring, step 2):
+    ``p[k, i] = p(.|seq, D_k,<i+1)``, i = 0..L (the bonus position last).
+
+    tokens: [K, L].  tree: ``build_tree(seq[tgt.length:], tokens)`` to score them as a token tree in one
+    row (the session must be tree-capable; it then holds the tree until ``keep_nodes``), or None for K
+    full rows over a forked cache (the session is left with K rows).  Returns p [K, L+1, V] float64.
+    """
+    if tree is not None:
+        node_p = sampling.probs(tgt.extend_tree(tree))  # [nodes, V] float64
+        return node_p[tree.node_of.to(node_p.device)]
+    K = tokens.shape[0]
+    pending = list(seq[tgt.length:])
+    m = len(pending)
+    tgt.fork(K)
+    inp = torch.cat([torch.tensor(pending, dtype=torch.long).expand(K, m), tokens.cpu()], 1)  # [K, m+L]
+    logits = tgt.extend(inp.to(tgt.device))[:, m - 1:]  # [K, L+1, V]
+    return sampling.probs(logits)
+
+
 def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifier, prompt: list[int],
                         sampling: SamplingConfig, K: int, L: int, max_new_tokens: int, eos: frozenset[int],
                         ctx: int | None, generator: torch.Generator, stats: GenerationStats,
@@ -277,37 +325,12 @@ def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifi
             break
         # 1. draft: pending tokens in one row, fork K, L sequential steps over K rows
         with watch.phase("draft"):
-            pending_d = torch.tensor([seq[drf.length:]], dtype=torch.long, device=drf.device)  # [1, m]
-            logits = drf.extend(pending_d)[:, -1]  # [1, V]
-            stats.draft_calls += 1
-            drf.fork(K)
-            q_i = sampling.probs(logits).to(gdev).expand(K, -1)  # [K, V] float64, shared first law
-            qs: list[Tensor] = []
-            toks: list[Tensor] = []
-            for i in range(L):
-                u = torch.rand(K, generator=generator, dtype=torch.float64, device=gdev)
-                x = categorical(q_i, u)  # [K]: drawn from exactly q_i
-                qs.append(q_i)
-                toks.append(x)
-                if i < L - 1:
-                    logits = drf.extend(x.unsqueeze(1).to(drf.device))[:, -1]  # [K, V]
-                    stats.draft_calls += 1
-                    q_i = sampling.probs(logits).to(gdev)
-            tokens = torch.stack(toks, 1)  # [K, L]
-            q = torch.stack(qs, 1)  # [K, L, V]
+            tokens, q = draft_blocks(drf, seq, K, L, sampling, generator)  # [K, L], [K, L, V]
+            stats.draft_calls += L
         # 2. target: one pass over [pending, D_k] for all k (a token tree in one row, or K rows)
         with watch.phase("target"):
-            pending_t = seq[tgt.length:]
-            m = len(pending_t)
-            if use_tree:
-                tree = build_tree(pending_t, tokens.cpu())
-                node_p = sampling.probs(tgt.extend_tree(tree)).to(gdev)  # [nodes, V] float64
-                p = node_p[tree.node_of.to(gdev)]  # [K, L+1, V]
-            else:
-                tgt.fork(K)
-                inp = torch.cat([torch.tensor(pending_t, dtype=torch.long).expand(K, m), tokens.cpu()], 1)  # [K, m+L]
-                logits = tgt.extend(inp.to(tgt.device))[:, m - 1:]  # [K, L+1, V]
-                p = sampling.probs(logits).to(gdev)  # [K, L+1, V] float64
+            tree = build_tree(seq[tgt.length:], tokens.cpu()) if use_tree else None
+            p = score_drafts(tgt, seq, tokens, sampling, tree).to(gdev)  # [K, L+1, V]
             stats.target_calls += 1
         # 3. verify
         with watch.phase("verify"):
@@ -319,7 +342,7 @@ def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifi
             tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
             emitted = outcome.emitted(block)
         # 4. roll back both caches to the kept row and prefix; the new token stays pending
-        if use_tree:
+        if tree is not None:
             tgt.keep_nodes(tree.path(sel, tau))
         else:
             tgt.keep(sel)
