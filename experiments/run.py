@@ -57,6 +57,7 @@ from omegaconf import OmegaConf
 
 from experiments._errors import clean_errors, hydra_cli
 from mdv.errors import MdvError
+from mdv.paired.measure import run_paired
 from mdv.sweep import RunConfig, Task, check_writable_dir, run_sweep, to_run_config
 from mdv.tracking import make_tracker
 
@@ -101,14 +102,25 @@ def main(cfg) -> None:
         run_theory(config)
         return
     job = HydraConfig.get().job
-    run_name = f"{config.name}-{job.num}" if HydraConfig.get().mode == RunMode.MULTIRUN else config.name
-    report = run_sweep(config, make_tracker(config.logger, run_name))
-    print(report.line())
-    if report.failed:
-        print(f"failed cells ({len(report.failed)}): {', '.join(report.failed)}; rerun the same command to"
-              " retry them", file=sys.stderr)
-        if HydraConfig.get().mode != RunMode.MULTIRUN:
-            sys.exit(1)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    run_name = f"{config.name}-{job.num}" if multirun else config.name
+    failed: list[str] = []
+    if config.task == Task.sweep:
+        report = run_sweep(config, make_tracker(config.logger, run_name))
+        print(report.line())
+        if report.failed:
+            print(f"failed cells ({len(report.failed)}): {', '.join(report.failed)}; rerun the same command to"
+                  " retry them", file=sys.stderr)
+        failed += report.failed
+    if config.task == Task.paired or config.paired.enabled:
+        paired = run_paired(config, tracker=make_tracker(config.logger, f"{run_name}-paired"))
+        print(paired.line())
+        if paired.failed:
+            print(f"failed paired records ({len(paired.failed)}): {', '.join(paired.failed)}; rerun the same"
+                  " command to retry them", file=sys.stderr)
+        failed += paired.failed
+    if failed and not multirun:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from mdv.errors import InvalidInputError, UnknownNameError, unknown_name
 from mdv.models.tree import build_tree
+from mdv.paired.bench import PairedBench, run_paired_bench
 
 # 2: target_pass "tree" times the engine's token-tree pass (extend_tree + keep_nodes + crop), in 1 a
 # benchmark-only forward pass with a crop; memory reads RSS after a gc.collect() per prompt, in 1 without
@@ -76,6 +77,7 @@ class Benchmark(str, enum.Enum):
     e2e = "e2e"
     oracle = "oracle"
     memory = "memory"
+    paired = "paired"
 
 
 class PairKind(str, enum.Enum):
@@ -227,6 +229,7 @@ class BenchConfig:
     e2e: E2EBench = field(default_factory=E2EBench)
     oracle: OracleBench = field(default_factory=OracleBench)
     memory: MemoryBench = field(default_factory=MemoryBench)
+    paired: PairedBench = field(default_factory=PairedBench)
     tiny: TinyPair = field(default_factory=TinyPair)
 
 
@@ -1108,6 +1111,22 @@ def run_memory(cfg: MemoryBench, pair: tuple[Any, Any, Any] | None = None, tiny:
                    wall_seconds=time.perf_counter() - t_start)
 
 
+def run_paired_benchmark(cfg: PairedBench, threads: int, tiny: TinyPair) -> dict[str, Any]:
+    """``paired``: :func:`mdv.paired.bench.run_paired_bench`, printed as a table with its goal."""
+    t0 = time.perf_counter()
+    res = run_paired_bench(cfg, threads=threads, tiny=tiny)
+    (print_table(f"paired measurement: {res['contexts']} contexts, {res['prompts']} prompts, K_max={cfg.K_max},"
+                      f" L_max={cfg.L_max}, {cfg.workers} process(es)", ["part", "seconds", "share"],
+                      [[k, _fmt(v, 1), f"{res['share'][k]:.1%}"] for k, v in res["seconds"].items()]))
+    print(f"  {res['contexts_per_second']:.2f} contexts/s, {res['seconds_per_context']:.2f} s per context", flush=True)
+    goal = _goal(res["goal"]["goal"], res["wall_seconds"], cfg.goal_seconds, unit=" s",
+                 why="each context: a K_max-row draft of L_max steps + one tree pass of up to K_max·L_max+1 nodes;"
+                     " each prompt: n_tokens AR steps for its trajectory")
+    _print_goals([goal])
+    return _record("paired", cfg, "cpu", "float32", res, {"contexts_per_second": res["contexts_per_second"]}, [goal],
+                   wall_seconds=time.perf_counter() - t0)
+
+
 # ====================================================================================== driver
 def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
     """Run the selected benchmarks in order; write ``bench_<name>.json`` under ``out_dir`` after each one.
@@ -1131,6 +1150,8 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
             rec = run_e2e(cfg.e2e, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "oracle":
             rec = run_oracle(cfg.oracle)
+        elif name == "paired":
+            rec = run_paired_benchmark(cfg.paired, threads=int(cfg.threads), tiny=cfg.tiny)
         else:
             rec = run_memory(cfg.memory, tiny=cfg.tiny, dtype=cfg.dtype)
         records[name] = rec

@@ -83,6 +83,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from mdv._fs import ensure_writable_dir
 from mdv.errors import InvalidInputError, MdvError, MissingAssetError
+from mdv.paired.config import PairedConfig
 from mdv.theory import TheoryConfig
 
 log = logging.getLogger(__name__)
@@ -133,10 +134,12 @@ class LoggerKind(str, Enum):
 
 
 class Task(str, Enum):
-    """What ``experiments/run.py`` does: a sweep of real-model cells, or the exact theory tables."""
+    """What ``experiments/run.py`` does: a sweep of real-model cells, the paired measurement alone
+    (:mod:`mdv.paired`), or the exact theory tables."""
 
     sweep = "sweep"
     theory = "theory"
+    paired = "paired"
 
 
 # ----------------------------------------------------------------------------------- typed schema
@@ -232,6 +235,8 @@ class RunConfig:
     name: the experiment name; results_dir defaults to ``outputs/<name>`` so a rerun resumes.
     threads: ``torch.set_num_threads`` (null: torch's default).  progress: tqdm bars.
     theory: the grid of ``experiment=theory`` (:class:`mdv.theory.TheoryConfig`).
+    paired: the paired measurement (:class:`mdv.paired.config.PairedConfig`): ``task=paired``, or after the
+    sweep's cells with ``paired.enabled=true``.
     """
 
     name: str = "smoke"
@@ -246,6 +251,7 @@ class RunConfig:
     sweep: SweepGroup = field(default_factory=SweepGroup)
     logger: LoggerGroup = field(default_factory=LoggerGroup)
     theory: TheoryConfig = field(default_factory=TheoryConfig)
+    paired: PairedConfig = field(default_factory=PairedConfig)
 
 
 def _value(x: Any) -> Any:
@@ -1010,8 +1016,7 @@ def format_prompts(pending: Sequence[Cell], prompt_sets: dict[str, Any], models:
     format to valid ids that leave room in the model context for one block of the largest L.  A bad
     prompt or pair is bad input (one :class:`~mdv.errors.InvalidInputError` naming the dataset and
     prompt), not a failed cell: rerunning could not fix it."""
-    from mdv.engine import check_pair, check_prompt_fits, max_context
-    from mdv.models.base import check_token_ids
+    from mdv.engine import check_pair
 
     if any(c.method != "ar" for c in pending):
         check_pair(models.target, models.draft)
@@ -1020,24 +1025,36 @@ def format_prompts(pending: Sequence[Cell], prompt_sets: dict[str, Any], models:
         todo = [c for c in pending if c.dataset == name]
         n = max(c.n_prompts for c in todo)
         L_max = max((c.L or 1 for c in todo if c.method != "ar"), default=None)
-        ctx = max_context(models.target, models.draft if L_max is not None else None)
-        formatted[name] = []
-        for i, prompt in enumerate(ps.prompts[:n]):
-            where = f"dataset {name!r}, prompt {_prompt_id(prompt, name, i)!r}"
-            try:
-                raw = formatter(prompt, models.tokenizer)
-            except MdvError as e:
-                raise InvalidInputError(f"{where}: {e}") from None
-            except Exception as e:
-                raise InvalidInputError(f"{where}: the prompt formatter failed ({type(e).__name__}: {e});"
-                                        " check dataset.formatter and the models' tokenizer") from None
-            try:
-                ids = check_token_ids("prompt_ids", list(raw), models.target.vocab_size)
-                check_prompt_fits(len(ids), ctx, L_max)
-            except InvalidInputError as e:
-                raise InvalidInputError(f"{where}: {e}") from None
-            formatted[name].append(ids)
+        formatted[name] = format_dataset_prompts(name, ps, n, models, formatter, L_max)
     return formatted
+
+
+def format_dataset_prompts(name: str, prompt_set: Any, n: int, models: LoadedModels, formatter: Callable[..., Any],
+                           L_max: int | None) -> list[list[int]]:
+    """Token ids of the first ``n`` prompts of ``prompt_set``, each checked to be valid ids that leave room
+    in the model context for one block of ``L_max`` tokens (None: autoregressive only); a bad prompt is one
+    :class:`~mdv.errors.InvalidInputError` naming the dataset and prompt."""
+    from mdv.engine import check_prompt_fits, max_context
+    from mdv.models.base import check_token_ids
+
+    ctx = max_context(models.target, models.draft if L_max is not None else None)
+    out: list[list[int]] = []
+    for i, prompt in enumerate(prompt_set.prompts[:n]):
+        where = f"dataset {name!r}, prompt {_prompt_id(prompt, name, i)!r}"
+        try:
+            raw = formatter(prompt, models.tokenizer)
+        except MdvError as e:
+            raise InvalidInputError(f"{where}: {e}") from None
+        except Exception as e:
+            raise InvalidInputError(f"{where}: the prompt formatter failed ({type(e).__name__}: {e});"
+                                    " check dataset.formatter and the models' tokenizer") from None
+        try:
+            ids = check_token_ids("prompt_ids", list(raw), models.target.vocab_size)
+            check_prompt_fits(len(ids), ctx, L_max)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"{where}: {e}") from None
+        out.append(ids)
+    return out
 
 
 def run_sweep(cfg: RunConfig, tracker: Any = None, *, loader: Callable[..., Any] | None = None,

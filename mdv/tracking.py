@@ -56,6 +56,12 @@ class Tracker(Protocol):
 
     def finish(self, records: Sequence[dict[str, Any]]) -> None: ...
 
+    def start_paired(self, cfg: Any, n_records: int) -> None: ...
+
+    def log_paired(self, record: dict[str, Any], resumed: bool) -> None: ...
+
+    def finish_paired(self, report: Any) -> None: ...
+
 
 class NullTracker:
     """Tracks nothing (``logger=none``)."""
@@ -67,6 +73,15 @@ class NullTracker:
         pass
 
     def finish(self, records: Sequence[dict[str, Any]]) -> None:
+        pass
+
+    def start_paired(self, cfg: Any, n_records: int) -> None:
+        pass
+
+    def log_paired(self, record: dict[str, Any], resumed: bool) -> None:
+        pass
+
+    def finish_paired(self, report: Any) -> None:
         pass
 
 
@@ -205,6 +220,65 @@ class WandbTracker:
         finally:
             self.run.finish()
             self.run = None
+
+    def start_paired(self, cfg: Any, n_records: int) -> None:
+        """Open the run of a paired measurement (``task=paired`` or ``paired.enabled``)."""
+        self.start(cfg, [None] * n_records)
+
+    def log_paired(self, record: dict[str, Any], resumed: bool) -> None:
+        if self.run is None:
+            return
+        data: dict[str, Any] = {"record_id": record["record_id"], "resumed": int(resumed),
+                                "wall_seconds": _num(record.get("wall_seconds")),
+                                "contexts": len(record.get("contexts", []))}
+        data.update(paired_metrics(record))
+        self.run.log(data, step=self._step)
+        self._step += 1
+
+    def finish_paired(self, report: Any) -> None:
+        """Log the verdict table and the plots (as images) of a :class:`mdv.paired.report.PairedReportResult`
+        (None: no records), then close the run."""
+        import wandb
+
+        if self.run is None:
+            return
+        try:
+            if report is not None:
+                rows = [[c.name, where, v.outcome, v.effect.mean, v.effect.lo, v.effect.hi, v.text]
+                        for c in report.claims for where, v in c.parts]
+                self.run.log({"paired/verdicts": wandb.Table(
+                    columns=["claim", "part", "outcome", "effect", "lo", "hi", "text"], data=rows)}, step=self._step)
+                images = {f"paired/plots/{k}": wandb.Image(str(p)) for k, p in report.paths.items()
+                          if str(p).endswith(".png")}
+                if images:
+                    self.run.log(images, step=self._step)
+                for c in report.claims:
+                    self.run.summary[f"paired/claim/{c.name}"] = c.outcome
+        finally:
+            self.run.finish()
+            self.run = None
+
+
+def paired_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """Per-record metrics of a paired record (``mdv.paired/1``): the mean block efficiency 1 + E[tau] over
+    its contexts per method at (K_max, L_max) and (1, L_max), and the mean L = 1 optimum α*_K."""
+    import numpy as np
+
+    out: dict[str, float] = {}
+    ctxs = record.get("contexts", [])
+    if not ctxs:
+        return out
+    for m in record["config"]["methods"]:
+        e = np.array([[[np.nan if x is None else x for x in row] for row in c["etau"][m]] for c in ctxs], dtype=float)
+        K_max, L_max = e.shape[1], e.shape[2]
+        for K in {1, K_max}:
+            v = float(np.nanmean(e[:, K - 1, L_max - 1])) if not np.isnan(e[:, K - 1, L_max - 1]).all() else None
+            if v is not None:
+                out[f"paired/{m}/be_K{K}_L{L_max}"] = 1.0 + v
+    alpha = np.array([c["alpha_star"] for c in ctxs], dtype=float)
+    for K in range(1, alpha.shape[1] + 1):
+        out[f"paired/alpha_star_K{K}"] = float(alpha[:, K - 1].mean())
+    return out
 
 
 def make_tracker(logger_cfg: Any, run_name: Optional[str] = None) -> Tracker:

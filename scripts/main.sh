@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set everything up (./.venv, offline assets), run mdv's main job -- the smoke sweep: every method on
-# every dataset on the embedded default pair -- then turn its results into tables, plots and claims.
+# Set everything up (./.venv, offline assets), run mdv's main job -- experiment=main: the paired
+# exact-conditional measurement of every verifier on every dataset on the embedded default pair, a
+# calibration of this machine and short real generations that check the predicted speedups -- then turn
+# its results into verdicts (claims.md), tables and plots.
 # Extra arguments are Hydra overrides of the sweep (e.g. dataset.n_prompts=2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,7 @@ for arg in "$@"; do
 done
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
-RESULTS="${MDV_RESULTS:-outputs/smoke}"
-.venv/bin/python -m experiments.run experiment=smoke results_dir="$RESULTS" "$@"
+RESULTS="${MDV_RESULTS:-outputs/main}"
+.venv/bin/python -m experiments.run experiment=main results_dir="$RESULTS" "$@"
 .venv/bin/python -m analysis.report "$RESULTS"
 echo "[mdv] tables, plots and claims: $RESULTS/analysis/ (report.md, claims.md)"

@@ -24,7 +24,7 @@ from mdv.sweep import RunConfig, Task, expand_grid, to_run_config, validate
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
-GROUPS = ("method", "models", "dataset", "sampling", "sweep", "logger", "experiment")
+GROUPS = ("method", "models", "dataset", "sampling", "sweep", "logger", "paired", "experiment")
 ALL_METHODS = ["ar", "sd", "spectr", "bv", "gbv", "spectr_gbv", "mdbv"]
 ALL_DATASETS = ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"]
 
@@ -101,6 +101,22 @@ def test_presets_hold_their_grids(preset: str, K: list[int], L: list[int], T: li
     cells = expand_grid(cfg)
     assert {c.method for c in cells} == set(ALL_METHODS)
     assert {c.K for c in cells if c.method == "mdbv"} == set(K)
+
+
+@pytest.mark.parametrize("preset,K_max,L_max", [("paper_table", 3, 12), ("ablation_k", 8, 8), ("ablation_l", 3, 12),
+                                                ("ablation_temp", 3, 8), ("main", 4, 8)])
+def test_presets_gain_the_paired_task(preset: str, K_max: int, L_max: int) -> None:
+    cfg = run_config([f"experiment={preset}"])
+    assert cfg.paired.enabled and (cfg.paired.K_max, cfg.paired.L_max) == (K_max, L_max)
+    assert not run_config(["experiment=smoke"]).paired.enabled  # the smoke sweep stays as it was
+
+
+def test_main_preset_is_the_paired_measurement_plus_a_speedup_check() -> None:
+    cfg = run_config(["experiment=main"])
+    assert cfg.task == Task.sweep and cfg.paired.n_prompts == 12 and cfg.paired.workers == 2
+    assert cfg.paired.datasets == ALL_DATASETS and cfg.paired.methods == ALL_METHODS[1:]
+    assert {m.value for m in cfg.method.names} == {"ar", "sd", "spectr", "mdbv"}
+    assert run_config(["task=paired", "paired.K_max=2"]).task == Task.paired
 
 
 def test_theory_preset_points_at_the_oracle_tables() -> None:

@@ -218,6 +218,10 @@ class Verifier(ABC):
     multi_draft: ClassVar[bool]
     #: True when the verifier carries a target adjustment into later iterations.
     stateful: ClassVar[bool] = False
+    #: True when the decision at depth i uses only depth-i quantities (token-level rules), so that the run
+    #: with block length L is the run with a longer block stopped at L: P(tau_L >= i) = P(tau_L' >= i) for
+    #: i <= L <= L'.  The paired estimator uses it; ``tests/test_paired.py`` checks it against ``law``.
+    prefix_consistent: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.state: Any = self.initial_state()

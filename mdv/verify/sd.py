@@ -27,6 +27,7 @@ class SpeculativeSampling(Verifier):
     name: ClassVar[str] = "sd"
     lossless: ClassVar[bool] = True
     multi_draft: ClassVar[bool] = False
+    prefix_consistent: ClassVar[bool] = True
 
     @staticmethod
     def acceptance(block: Block) -> Tensor:

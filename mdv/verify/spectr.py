@@ -223,6 +223,7 @@ class SpecTr(Verifier):
     name: ClassVar[str] = "spectr"
     lossless: ClassVar[bool] = True
     multi_draft: ClassVar[bool] = True
+    prefix_consistent: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ exact law
     def law(self, block: Block, state: Any = None) -> list[Branch]:

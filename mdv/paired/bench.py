@@ -1,0 +1,71 @@
+"""The paired measurement as a benchmark (``experiments/bench benchmarks=[paired]``): wall time, contexts
+per second and the share of time in trajectories, draft, target and each verifier's law.
+
+The issue's setting: 5 datasets x 10 prompts x 64 generated tokens (a context every 4), K_max = 4,
+L_max = 8, all six verifiers; goal: at most 6 minutes on 2 cores.  Physical limits stated next to the
+figures: every context costs one K_max-row draft of L_max steps and one target tree pass of up to
+K_max·L_max + 1 nodes, and every prompt ``n_tokens`` AR target steps for its trajectory.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class PairedBench:
+    """``paired``: one fresh paired run (nothing resumed) on the pair, timed."""
+
+    pair: str = "default"  # default | tiny_random
+    datasets: list[str] = field(default_factory=lambda: ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"])
+    n_prompts: int = 10
+    n_tokens: int = 64
+    stride: int = 4
+    K_max: int = 4
+    L_max: int = 8
+    temperature: float = 0.4
+    workers: int = 1
+    goal_seconds: float = 360.0
+
+
+def run_paired_bench(cfg: PairedBench, *, threads: int = 1, tiny: Any = None) -> dict[str, Any]:
+    """Run it into a temporary folder; -> the summary dict (wall, contexts/s, shares, the goal)."""
+    from mdv.paired.analysis import collect
+    from mdv.paired.config import PairedConfig
+    from mdv.paired.measure import load_records, run_paired
+    from mdv.sweep import RunConfig
+
+    run = RunConfig()
+    run.name, run.progress, run.threads = "bench_paired", True, threads
+    run.models.kind = cfg.pair
+    if cfg.pair == "tiny_random" and tiny is not None:
+        run.models.vocab_size, run.models.hidden_size = tiny.vocab_size, tiny.hidden_size
+        run.models.num_layers, run.models.seed = tiny.num_layers, tiny.seed
+    run.sampling.temperatures = [cfg.temperature]
+    run.paired = PairedConfig(enabled=True, datasets=list(cfg.datasets), n_prompts=cfg.n_prompts, n_tokens=cfg.n_tokens,
+                              stride=cfg.stride, K_max=cfg.K_max, L_max=cfg.L_max, calibrate=False,
+                              workers=cfg.workers)
+    run.dataset.names = list(cfg.datasets)
+    with tempfile.TemporaryDirectory(prefix="mdv-bench-paired-") as tmp:
+        run.results_dir = str(Path(tmp) / "res")
+        t0 = time.perf_counter()
+        report = run_paired(run)
+        wall = time.perf_counter() - t0
+        data = collect(load_records(run.results_dir))[0]
+    t = data.timing
+    measured = t.get("wall_s", wall)  # summed over records (over processes when workers > 1)
+    laws = {k.split("/", 1)[1]: v for k, v in t.items() if k.startswith("laws/")}
+    parts = {"trajectory": t.get("trajectory_s", 0.0), "prefill": t.get("prefill_s", 0.0),
+             "draft": t.get("draft_s", 0.0), "target": t.get("target_s", 0.0), "optimum": t.get("optimum_s", 0.0),
+             **{f"law/{m}": v for m, v in laws.items()}}
+    return {"wall_seconds": wall, "contexts": data.n, "prompts": data.n_prompts, "records_failed": len(report.failed),
+            "contexts_per_second": data.n / wall, "seconds_per_context": wall / data.n,
+            "share": {k: v / measured for k, v in parts.items()}, "seconds": parts,
+            "goal": {"goal": f"paired run <= {cfg.goal_seconds:g} s", "value": wall, "limit": cfg.goal_seconds,
+                     "met": wall <= cfg.goal_seconds}}
+
+
+__all__ = ["PairedBench", "run_paired_bench"]

@@ -1,0 +1,99 @@
+"""Typed config of the paired measurement (Hydra group ``paired``, ``conf/paired/*.yaml``; the
+``paired`` field of :class:`mdv.sweep.RunConfig`)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+from mdv.errors import InvalidInputError
+
+
+def _all_verifiers() -> list[str]:
+    from mdv.verify.registry import VERIFIERS
+
+    return list(VERIFIERS)
+
+
+@dataclass
+class PairedConfig:
+    """What the paired measurement measures and how it decides.
+
+    n_prompts: prompts per dataset (null: ``dataset.n_prompts``, the sweep's).  datasets: dataset names
+    (null: ``dataset.names``, the sweep's).
+    enabled: run it (``task=paired`` runs it alone; a sweep with ``paired.enabled=true`` runs it after its
+    cells, into ``<results_dir>/paired/``).  K_max, L_max: the drafts per context (every K ≤ K_max and
+    L ≤ L_max is evaluated on them).  n_tokens: target-only trajectory length per prompt; stride: a
+    context every ``stride`` generated tokens (the prompt itself is the first).  methods: verifiers
+    (default: every registered one).  delta: the equivalence margin of the verdicts, in tokens per
+    iteration.  level, n_boot: confidence level and bootstrap resamples.  headline_K / headline_L: where
+    the ordering claim is read (clipped to K_max / L_max).  calibrate: time this machine's passes for the
+    speedup prediction (``calibration.json``, reused when it matches the machine and models).
+    cost_profiles: names in ``conf/cost/`` or YAML paths of hardware profiles to predict speedups for.
+    workers: processes that measure prompts at once (each loads the models and takes one torch thread; the
+    per-record locks share the work).  The sweep's timed cells and the calibration run before, alone.
+    calibration: a calibration file to use instead of calibrating (refused when it was made on another
+    machine or for other models).
+    """
+
+    enabled: bool = False
+    n_prompts: Optional[int] = None
+    datasets: Optional[list[str]] = None
+    K_max: int = 4
+    L_max: int = 8
+    stride: int = 4
+    n_tokens: int = 64
+    methods: list[str] = field(default_factory=_all_verifiers)
+    delta: float = 0.01
+    level: float = 0.95
+    n_boot: int = 2000
+    headline_K: int = 3
+    headline_L: int = 4
+    optimum_draws: int = 8
+    calibrate: bool = True
+    calibration_repeats: int = 5
+    cost_profiles: list[str] = field(default_factory=lambda: ["gpu_like"])
+    calibration: Optional[str] = None
+    workers: int = 1
+
+
+def _pos_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"paired.{name} must be an integer >= 1; got {value!r} (e.g. paired.{name}=4)")
+
+
+def validate_paired(cfg: PairedConfig) -> None:
+    """One :class:`~mdv.errors.InvalidInputError` naming the first bad field and a fix."""
+    from mdv.errors import unknown_name
+    from mdv.verify.registry import VERIFIERS
+
+    if cfg.datasets is not None:
+        from mdv.data import DATASETS
+
+        if not cfg.datasets:
+            raise InvalidInputError("paired.datasets is empty; name datasets or set it to null (the sweep's)")
+        for d in cfg.datasets:
+            if d not in DATASETS:
+                raise unknown_name("paired.datasets entry", d, list(DATASETS))
+    if cfg.n_prompts is not None:
+        _pos_int("n_prompts", cfg.n_prompts)
+    if isinstance(cfg.optimum_draws, bool) or not isinstance(cfg.optimum_draws, int) or cfg.optimum_draws < 0:
+        raise InvalidInputError(f"paired.optimum_draws must be an integer >= 0; got {cfg.optimum_draws!r}")
+    for name in ("K_max", "L_max", "stride", "n_tokens", "n_boot", "headline_K", "headline_L",
+                 "calibration_repeats", "workers"):
+        _pos_int(name, getattr(cfg, name))
+    if not isinstance(cfg.delta, (int, float)) or not math.isfinite(cfg.delta) or cfg.delta <= 0:
+        raise InvalidInputError(f"paired.delta (the equivalence margin, tokens per iteration) must be a finite"
+                                f" number > 0; got {cfg.delta!r} (e.g. paired.delta=0.01)")
+    if not isinstance(cfg.level, (int, float)) or not 0 < cfg.level < 1:
+        raise InvalidInputError(f"paired.level must lie in (0, 1); got {cfg.level!r} (e.g. paired.level=0.95)")
+    if cfg.n_boot < 100:
+        raise InvalidInputError(f"paired.n_boot must be >= 100 for a percentile CI; got {cfg.n_boot}")
+    if not cfg.methods:
+        raise InvalidInputError(f"paired.methods is empty; name verifiers, e.g. paired.methods=[sd,spectr]"
+                                f" (valid: {', '.join(VERIFIERS)})")
+    for m in cfg.methods:
+        if m not in VERIFIERS:
+            raise unknown_name("paired.methods entry", m, list(VERIFIERS))
+
+
+__all__ = ["PairedConfig", "validate_paired"]
