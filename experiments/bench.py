@@ -1,6 +1,6 @@
 """Benchmarks (Hydra entry point): ``python -m experiments.bench [overrides]``.
 
-``benchmarks=[verifier]`` (or any of verifier, target_pass, e2e, oracle, memory) selects what runs;
+``benchmarks=[verifier]`` (or any of verifier, target_pass, e2e, oracle, memory, paired) selects what runs;
 each prints a table with its goals and writes ``bench_<name>.json`` under the Hydra output folder
 (``outputs/bench/<time>/``).  Sizes are set in ``conf/bench.yaml`` (schema :class:`mdv.bench.BenchConfig`),
 e.g. ``verifier.vocab_sizes=[49152] verifier.K=[4] verifier.L=[8]``.

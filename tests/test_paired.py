@@ -407,3 +407,28 @@ def test_cli_bad_input_is_one_line_and_nonzero(tmp_path: Path) -> None:
                           capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 2 and "--delta" in proc.stderr and "Traceback" not in proc.stderr
     assert not (Path(cfg.results_dir) / "analysis" / "claims.md").exists()
+
+
+def test_wandb_logs_paired_records_verdicts_and_plots(tmp_path: Path, monkeypatch) -> None:
+    """logger=wandb (offline): one log row per record, the verdict table, the plots as images."""
+    import glob
+    import os
+
+    pytest.importorskip("wandb", reason="wandb is not installed")
+    from mdv.sweep import LoggerGroup, LoggerKind
+    from mdv.tracking import make_tracker
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = tiny_run_config(tmp_path)
+    cfg.dataset.n_prompts = 3
+    run_paired(cfg, tracker=make_tracker(LoggerGroup(kind=LoggerKind.wandb, project="mdv-test"), "paired"))
+    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    assert len(runs) == 1
+    tables = glob.glob(os.path.join(runs[0], "files", "media", "table", "paired", "verdicts*.json"))
+    assert len(tables) == 1
+    table = json.loads(Path(tables[0]).read_text())
+    assert table["columns"][:3] == ["claim", "part", "outcome"] and len(table["data"]) > 5
+    images = glob.glob(os.path.join(runs[0], "files", "media", "images", "paired", "plots", "*.png"))
+    assert len(images) >= 3

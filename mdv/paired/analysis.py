@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -353,7 +353,7 @@ def optimality_claim(data: PairedData, opts: Options) -> ClaimResult:
     for K in range(1, data.K_max + 1):
         cols = [(m, data.alpha[:, K - 1] - data.etau_l1(m, K)) for m in data.methods if is_multi_draft(m) or K == 1]
         if K == 1 and cols and all(np.allclose(g, cols[0][1], atol=1e-12, rtol=0) for _, g in cols):
-            tests.append((f"α*_1 − E[tau] of every verifier (they coincide at K = 1, L = 1)", cols[0][1]))
+            tests.append(("α*_1 − E[tau] of every verifier (they coincide at K = 1, L = 1)", cols[0][1]))
             continue
         tests += [(f"α*_{K} − E[tau] of {label(m)}, L=1", g) for m, g in cols]
     fam = family(opts, len(tests))

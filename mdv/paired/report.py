@@ -18,7 +18,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mdv.paired import analysis as A
-from mdv.paired.stats import Estimate
 
 #: Block lengths shown in the K plots and the Markdown tables.
 SHOWN_L = (1, 2, 4, 8)
@@ -398,7 +397,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
         if calibration is not None:
             md.append(f"- calibration: AR step {calibration.ar_step_s * 1e3:.1f} ms; target tree pass "
                       + ", ".join(f"{n} nodes {s * 1e3:.1f} ms" for n, s in sorted(calibration.target_s.items()))
-                      + f"; draft step (K rows) " + ", ".join(f"K={k} {s * 1e3:.1f} ms"
+                      + "; draft step (K rows) " + ", ".join(f"K={k} {s * 1e3:.1f} ms"
                                                              for k, s in sorted(calibration.draft_step_s.items())))
         measured = A.measured_speedups(cells, data.setting, opts) if cells else {}
         same = np.isin(data.dataset_keys, sorted(A.cell_datasets(cells))) if cells else np.zeros(data.n, bool)
@@ -445,7 +444,8 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
         claims_md += [f"## Setting {gi}: {title}", ""] + _claims_md(claims, data, opts) + [""]
         md += ["", "### Verdicts", "", "See `paired_claims.md` (and `claims.md`). Summary:", ""]
         md += [f"- {c.statement}: **{c.outcome}**" for c in claims]
-        md += ["", "Plots: " + ", ".join(f"`{p.name}`" for k, p in paths.items() if k.endswith(suffix) or not suffix), ""]
+        plots = [p for k, p in paths.items() if str(p).endswith(f"{suffix}.png") and k.endswith(suffix)]
+        md += ["", "Plots: " + ", ".join(f"`{p.name}`" for p in plots), ""]
         summary += [f"{c.statement}: {c.outcome}" for c in claims]
     paths["be_csv"] = _write_csv(out / "paired_be.csv", be_all)
     paths["verdicts_csv"] = _write_csv(out / "paired_verdicts.csv", verdict_all)
