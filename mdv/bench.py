@@ -219,7 +219,8 @@ class TinyPair:
 class BenchConfig:
     """Schema of ``conf/bench.yaml``."""
 
-    benchmarks: list[Benchmark] = field(default_factory=lambda: list(Benchmark))
+    #: every benchmark but ``paired`` (a full paired run, ~10-20 min on 2 cores): ``benchmarks=[paired]`` runs it
+    benchmarks: list[Benchmark] = field(default_factory=lambda: [b for b in Benchmark if b != Benchmark.paired])
     #: torch intra-op threads (the machine's cores by default in conf/bench.yaml).
     threads: int = 2
     #: weights dtype of the models (float32, bfloat16, float16, float64); verification is float64 always.

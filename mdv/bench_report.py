@@ -38,7 +38,7 @@ from mdv._fs import ensure_writable_dir
 from mdv.errors import InvalidInputError
 
 #: The benchmarks of :class:`mdv.bench.Benchmark`, in its order (a test keeps the two in sync).
-BENCHMARKS = ("verifier", "target_pass", "e2e", "oracle", "memory")
+BENCHMARKS = ("verifier", "target_pass", "e2e", "oracle", "memory", "paired")
 SCHEMA_PREFIX = "mdv.bench/"
 #: Row order (as in :mod:`mdv.analysis`): AR, then the paper's Table 1 order with mdv's verifiers between.
 METHOD_ORDER = ["ar", "sd", "spectr", "bv", "gbv", "mdbv", "spectr_gbv"]
@@ -203,6 +203,11 @@ def _validate_results(name: str, res: Any) -> None:
         for i, r in enumerate(_rows(res.get("monte_carlo"), "results.monte_carlo")):
             _check(isinstance(r.get("method"), str), f"results.monte_carlo[{i}]: 'method' must be a string")
             _spread_ok(r.get("trials_per_second"), f"results.monte_carlo[{i}].trials_per_second")
+    elif name == "paired":
+        _check(isinstance(res, dict), "results must be an object")
+        for k in ("wall_seconds", "contexts", "prompts", "contexts_per_second", "seconds_per_context"):
+            _num_or_none(res, k, "results")
+        _check(isinstance(res.get("share"), dict), "results.share must be an object part -> fraction")
     elif name == "memory":
         _check(isinstance(res, dict), "results must be an object")
         for k in ("rss_before_mib", "peak_rss_mib", "rss_after_warmup_mib", "rss_end_mib", "rss_growth_mib",
@@ -611,9 +616,23 @@ def section_memory(rec: Record) -> list[str]:
     return lines
 
 
+def section_paired(rec: Record) -> list[str]:
+    res, cfg = rec.results, rec.config
+    lines = ["## paired: the paired measurement, timed", "",
+             f"{res.get('prompts', '?')} prompts ({', '.join(cfg.get('datasets', []))}), {cfg.get('n_tokens', '?')}"
+             f" generated tokens each, a context every {cfg.get('stride', '?')}: {res.get('contexts', '?')} contexts;"
+             f" K_max = {cfg.get('K_max', '?')}, L_max = {cfg.get('L_max', '?')}, {cfg.get('workers', 1)} process(es);"
+             f" {fmt(res.get('wall_seconds'))} s, {fmt(res.get('contexts_per_second'))} contexts/s. Each context costs a"
+             " K_max-row draft of L_max steps and one target tree pass of up to K_max·L_max + 1 nodes; each prompt"
+             " n_tokens AR target steps for its trajectory.", ""]
+    share, secs = res.get("share") or {}, res.get("seconds") or {}
+    lines += md_table(["part", "seconds", "share"], [[k, fmt(secs.get(k)), f"{float(v):.1%}"] for k, v in share.items()])
+    return lines
+
+
 SECTIONS: dict[str, Callable[..., list[str]]] = {
     "verifier": section_verifier, "target_pass": section_target_pass, "e2e": section_e2e, "oracle": section_oracle,
-    "memory": section_memory}
+    "memory": section_memory, "paired": section_paired}
 
 
 # =============================================================================================== plots

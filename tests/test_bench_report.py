@@ -26,6 +26,7 @@ from mdv import bench
 from mdv.bench import (Benchmark, BenchConfig, E2EBench, MemoryBench, OracleBench, PairKind, TargetPassBench, TinyPair,
                        VerifierBench)
 from mdv.bench_report import BENCHMARKS
+from mdv.paired.bench import PairedBench
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -45,7 +46,9 @@ def tiny_config() -> BenchConfig:
         oracle=OracleBench(vocab_sizes=[2], max_K=2, max_L=2, methods=["sd", "spectr", "mdbv"], mc_V=2, mc_K=2, mc_L=2,
                            mc_trials=500, mc_repeats=2),
         memory=MemoryBench(pair=PairKind.tiny_random, method="mdbv", K=2, L=2, n_prompts=6, max_new_tokens=2,
-                           datasets=[], warmup_prompts=2, tensor_count_every=2))
+                           datasets=[], warmup_prompts=2, tensor_count_every=2),
+        paired=PairedBench(pair="tiny_random", datasets=["humaneval"], n_prompts=2, n_tokens=8, stride=4, K_max=2,
+                           L_max=2))
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +295,7 @@ def test_parent_folder_is_searched_one_level_down(records_dir, tmp_path) -> None
     (tmp_path / "bench" / "empty_run").mkdir()
     rc, stdout, stderr = run_main(tmp_path / "bench", "--out", tmp_path / "out")
     assert rc == 0 and stderr == ""
-    assert "5 benchmark(s) from 5 file(s)" in stdout
+    assert f"{len(BENCHMARKS)} benchmark(s) from {len(BENCHMARKS)} file(s)" in stdout
 
 
 def test_missing_benchmarks_and_skipped_plots_are_reported(records_dir, tmp_path) -> None:
@@ -308,7 +311,7 @@ def test_missing_benchmarks_and_skipped_plots_are_reported(records_dir, tmp_path
     assert "e2e_time_split.png: skipped (no e2e record)" in stdout
     assert list(out.glob("*.png")) == []
     md = (out / "bench_report.md").read_text()
-    assert "Missing benchmarks (no usable record): `verifier`, `target_pass`, `e2e`, `memory`." in md
+    assert "Missing benchmarks (no usable record): `verifier`, `target_pass`, `e2e`, `memory`, `paired`." in md
     assert "## oracle" in md and "## e2e" not in md
 
 
@@ -390,6 +393,6 @@ def test_corrupt_files_among_good_ones_warn_and_go_on(records_dir, tmp_path) -> 
     for name in ("bench_e2e.json", "bench_oracle.json", "bench_memory.json", "empty"):
         assert sum(name in line for line in lines) == 1, name
     md = (out / "bench_report.md").read_text()
-    assert "Missing benchmarks (no usable record): `target_pass`, `e2e`, `oracle`, `memory`." in md
+    assert "Missing benchmarks (no usable record): `target_pass`, `e2e`, `oracle`, `memory`, `paired`." in md
     assert "## Warnings" in md and "bench_e2e.json: not valid JSON" in md
     assert is_png(out / "verify_cost_vs_vocab.png")
