@@ -50,7 +50,6 @@ import math
 import numbers
 import os
 import socket
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -241,20 +240,9 @@ class Calibration:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the calibration as JSON, atomically (a temp file in the same folder, then os.replace)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=2, allow_nan=False)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        from mdv.bench import write_json
+
+        return write_json(Path(path), self.to_dict())
 
 
 def load_calibration(path: str | os.PathLike[str], *, target: Any = None, draft: Any = None) -> Calibration:
