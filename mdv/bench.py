@@ -1118,7 +1118,7 @@ def run_paired_benchmark(cfg: PairedBench, threads: int, tiny: TinyPair) -> dict
     res = run_paired_bench(cfg, threads=threads, tiny=tiny)
     (print_table(f"paired measurement: {res['contexts']} contexts, {res['prompts']} prompts, K_max={cfg.K_max},"
                       f" L_max={cfg.L_max}, {cfg.workers} process(es)", ["part", "seconds", "share"],
-                      [[k, _fmt(v, 1), f"{res['share'][k]:.1%}"] for k, v in res["seconds"].items()]))
+                      [[k, f"{v:.1f}", f"{res['share'][k]:.1%}"] for k, v in res["seconds"].items()]))
     print(f"  {res['contexts_per_second']:.2f} contexts/s, {res['seconds_per_context']:.2f} s per context", flush=True)
     goal = _goal(res["goal"]["goal"], res["wall_seconds"], cfg.goal_seconds, unit=" s",
                  why="each context: a K_max-row draft of L_max steps + one tree pass of up to K_max·L_max+1 nodes;"
