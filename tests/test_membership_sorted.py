@@ -348,3 +348,22 @@ def test_inputs_not_modified_and_sum_tolerance():
     assert torch.equal(P, P0)
     assert a == pytest.approx(membership_ot_mincut(P[0].numpy() / P[0].sum().item(), Q[0].numpy(), 2), abs=1e-15)
     assert a == pytest.approx(membership_ot_sorted(P[0], Q[0], 2), abs=1e-15)
+
+
+def test_upto_equals_one_call_per_K() -> None:
+    """membership_ot_sorted_upto sorts once for every K: the same values as one membership_ot_sorted per K,
+    and the enumeration's on small cases with zeros."""
+    from mdv.oracle.lp import membership_ot_mincut
+    from mdv.oracle.membership import membership_ot_sorted, membership_ot_sorted_upto
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        V = int(rng.integers(2, 9))
+        p, q = rng.dirichlet(np.full(V, 0.5)), rng.dirichlet(np.full(V, 0.5))
+        p[rng.random(V) < 0.2] = 0.0
+        p = p / p.sum() if p.sum() > 0 else np.full(V, 1.0 / V)
+        got = membership_ot_sorted_upto(p, q, 5)
+        assert len(got) == 5
+        for K in range(1, 6):
+            assert got[K - 1] == membership_ot_sorted(p, q, K)
+            assert abs(got[K - 1] - membership_ot_mincut(p, q, K)) < 1e-12

@@ -11,11 +11,11 @@ from mdv.oracle.enumerate import (enumerate_block, exact_law, expected_accepted,
 from mdv.oracle.lp import (LPSolveError, gbv_expected_accepted_formula, lp_greedy, lp_optimum, lp_valid,
                            membership_ot, membership_ot_mincut, membership_ot_upper_bound,
                            paper_claimed_expected_accepted, sd_expected_accepted_formula)
-from mdv.oracle.membership import membership_ot_sorted, membership_ot_sorted_batch
+from mdv.oracle.membership import membership_ot_sorted, membership_ot_sorted_batch, membership_ot_sorted_upto
 from mdv.oracle.toy import iid_toy_model, random_toy_model
 
 __all__ = ["enumerate_block", "exact_law", "expected_accepted", "iteration_law", "target_law", "total_variation",
            "iid_toy_model", "random_toy_model", "LPSolveError", "gbv_expected_accepted_formula", "lp_greedy",
            "lp_optimum", "lp_valid", "membership_ot", "membership_ot_mincut", "membership_ot_sorted",
-           "membership_ot_sorted_batch", "membership_ot_upper_bound",
+           "membership_ot_sorted_batch", "membership_ot_sorted_upto", "membership_ot_upper_bound",
            "paper_claimed_expected_accepted", "sd_expected_accepted_formula"]

@@ -67,7 +67,7 @@ import torch
 from mdv.errors import InvalidInputError
 from mdv.oracle.lp import _SUM_TOL, _check_positive_int, _pq
 
-__all__ = ["membership_ot_sorted", "membership_ot_sorted_batch"]
+__all__ = ["membership_ot_sorted", "membership_ot_sorted_batch", "membership_ot_sorted_upto"]
 
 # Rows per chunk in the batch function: about this many elements per [rows, V] intermediate (8 such
 # float64/int64 temporaries are alive at once, so ~2^21 elements ≈ 130 MB of scratch).
@@ -102,6 +102,21 @@ def membership_ot_sorted(p: Sequence[float] | np.ndarray | torch.Tensor,
         If K < 1 (or not an integer), p and q differ in length, or either is not a probability vector.
     """
     pv, qv, K = _pq(p, q, K)  # [V], [V] float64, renormalised
+    return _alpha_from_prefixes(*_sorted_prefix_masses(pv, qv), K)
+
+
+def membership_ot_sorted_upto(p: Sequence[float] | np.ndarray | torch.Tensor,
+                              q: Sequence[float] | np.ndarray | torch.Tensor, K_max: int) -> list[float]:
+    """[α*_1, ..., α*_{K_max}] of :func:`membership_ot_sorted`, sorting once: the q/p order of the
+    prefixes does not depend on K."""
+    pv, qv, K_max = _pq(p, q, K_max)
+    P, C = _sorted_prefix_masses(pv, qv)
+    return [_alpha_from_prefixes(P, C, K) for K in range(1, K_max + 1)]
+
+
+def _sorted_prefix_masses(pv: np.ndarray, qv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P [V], C [V]): p(H_j) and 1 - q(H_j) = q(Ω \\ H_j) of the prefixes H_j, j = 1..V, of the tokens
+    sorted by q/p decreasing (ties by index); C as a suffix sum, so no 1 - Σ cancellation."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(pv > 0, qv / np.where(pv > 0, pv, 1.0), np.where(qv > 0, np.inf, 0.0))  # [V]
     order = np.argsort(-ratio, kind="stable")  # [V], q/p decreasing, ties by index
@@ -109,6 +124,11 @@ def membership_ot_sorted(p: Sequence[float] | np.ndarray | torch.Tensor,
     P = np.cumsum(ps)  # [V]: p(H_j), j = 1..V
     S = np.cumsum(qs[::-1])[::-1]  # [V]: S[i] = Σ_{k >= i} qs[k]
     C = np.clip(np.append(S[1:], 0.0), 0.0, 1.0)  # [V]: 1 - q(H_j) = q(Ω \ H_j), j = 1..V
+    return P, C
+
+
+def _alpha_from_prefixes(P: np.ndarray, C: np.ndarray, K: int) -> float:
+    """min over j = 0..V of p(H_j) + 1 - q(H_j)^K, from :func:`_sorted_prefix_masses`."""
     with np.errstate(divide="ignore"):
         term = np.clip(-np.expm1(K * np.log1p(-C)), 0.0, 1.0)  # [V]: 1 - q(H_j)^K
     best = min(1.0, float(np.min(P + term)))  # j = 0 (H = ∅) gives 1

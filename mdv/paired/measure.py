@@ -104,7 +104,7 @@ class ContextProbe:
                 timing: PromptTiming | None = None, optimum_draws: int = 0) -> ContextMeasurement:
         from mdv.engine import draft_blocks, score_drafts
         from mdv.models.tree import build_tree
-        from mdv.oracle.membership import membership_ot_sorted
+        from mdv.oracle.membership import membership_ot_sorted_upto
         from mdv.paired.conditional import first_token_acceptance, first_token_block
         from mdv.verify._math import categorical
         from mdv.verify.base import Block
@@ -125,7 +125,7 @@ class ContextProbe:
         conds = all_conditional(methods, block, timings=timing.laws_s)
         t3 = time.perf_counter()
         p0, q0 = block.p[0, 0, 0], block.q[0, 0, 0]  # [V]: the laws at the context (L = 1)
-        alpha = [membership_ot_sorted(p0, q0, K) for K in range(1, K_max + 1)]
+        alpha = membership_ot_sorted_upto(p0, q0, K_max)  # [K_max]: α*_1..α*_K_max, one sort
         first: dict[str, list[float]] = {}
         if optimum_draws:
             # more i.i.d. K-tuples at L = 1 cost no model call (q0 and p0 are known): they shrink the
@@ -176,7 +176,7 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
         contexts.append({
             "offset": j, "context_length": len(seq), "drafts": m.block.tokens[0].tolist(),
             "nodes": m.nodes.tolist(), "alpha_star": m.alpha_star,
-            "first_token": m.first_token, "optimum_draws": cfg.optimum_draws,
+            "first_token": m.first_token,
             "etau": {k: c.etau.tolist() for k, c in m.conditional.items()},
             "reach": {k: c.reach[:, L_max - 1, :].tolist() for k, c in m.conditional.items()},
         })
@@ -191,8 +191,8 @@ def record_config(cfg: PairedConfig, *, dataset: str, temperature: float, top_k:
                   top_p: Optional[float], seed: int, models: str) -> dict[str, Any]:
     """What determines a record's numbers (its id hashes it)."""
     return {"dataset": dataset, "K_max": cfg.K_max, "L_max": cfg.L_max, "stride": cfg.stride,
-            "n_tokens": cfg.n_tokens, "methods": list(cfg.methods), "optimum_draws": cfg.optimum_draws, "temperature": float(temperature),
-            "top_k": top_k, "top_p": top_p, "seed": int(seed), "models": models}
+            "n_tokens": cfg.n_tokens, "methods": list(cfg.methods), "optimum_draws": cfg.optimum_draws,
+            "temperature": float(temperature), "top_k": top_k, "top_p": top_p, "seed": int(seed), "models": models}
 
 
 def record_id(config: dict[str, Any], prompt_index: int) -> str:
