@@ -260,7 +260,7 @@ class WandbTracker:
 
 
 def paired_metrics(record: dict[str, Any]) -> dict[str, float]:
-    """Per-record metrics of a paired record (``mdv.paired/1``): the mean block efficiency 1 + E[tau] over
+    """Per-record metrics of a paired record (``mdv.paired/2``): the mean block efficiency 1 + E[tau] over
     its contexts per method at (K_max, L_max) and (1, L_max), and the mean L = 1 optimum α*_K."""
     import numpy as np
 

@@ -104,18 +104,26 @@ def test_presets_hold_their_grids(preset: str, K: list[int], L: list[int], T: li
 
 
 @pytest.mark.parametrize("preset,K_max,L_max", [("paper_table", 3, 12), ("ablation_k", 8, 8), ("ablation_l", 3, 12),
-                                                ("ablation_temp", 3, 8), ("main", 4, 8)])
+                                                ("ablation_temp", 3, 8)])
 def test_presets_gain_the_paired_task(preset: str, K_max: int, L_max: int) -> None:
     cfg = run_config([f"experiment={preset}"])
     assert cfg.paired.enabled and (cfg.paired.K_max, cfg.paired.L_max) == (K_max, L_max)
     assert not run_config(["experiment=smoke"]).paired.enabled  # the smoke sweep stays as it was
 
 
-def test_main_preset_is_the_paired_measurement_plus_a_speedup_check() -> None:
+def test_the_main_job_is_the_paired_task_with_its_speed_check() -> None:
+    """experiment=main: the paired measurement alone (no sweep cells) at the issue's setting, its speedup
+    check on prompts the paired run measures."""
+    from mdv.paired.config import validate_paired
+
     cfg = run_config(["experiment=main"])
-    assert cfg.task == Task.sweep and cfg.paired.n_prompts == 12 and cfg.paired.workers == 2
-    assert cfg.paired.datasets == ALL_DATASETS and cfg.paired.methods == ALL_METHODS[1:]
-    assert {m.value for m in cfg.method.names} == {"ar", "sd", "spectr", "mdbv"}
+    p = cfg.paired
+    assert cfg.task == Task.paired and (p.K_max, p.L_max) == (4, 8) and cfg.sampling.temperatures == [0.4]
+    assert p.datasets == ALL_DATASETS and p.n_prompts >= 10 and p.workers == 2 and p.methods == ALL_METHODS[1:]
+    check = p.speed_check
+    assert check.enabled and set(check.datasets) <= set(p.datasets) and check.n_prompts <= p.n_prompts
+    assert {"sd", "spectr"} <= set(check.methods) and set(check.L) <= set(range(1, 5))
+    validate_paired(p)
     assert run_config(["task=paired", "paired.K_max=2"]).task == Task.paired
 
 

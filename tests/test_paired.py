@@ -227,7 +227,7 @@ def test_run_paired_writes_and_resumes(tmp_path: Path) -> None:
     recs = load_records(cfg.results_dir)
     assert len(recs) == 2
     r = recs[0]
-    assert r["schema"] == "mdv.paired/1" and len(r["contexts"]) == len(contexts_of(len(r["trajectory"]["tokens"]), 4))
+    assert r["schema"] == "mdv.paired/2" and len(r["contexts"]) == len(contexts_of(len(r["trajectory"]["tokens"]), 4))
     ctx = r["contexts"][0]
     assert np.array(ctx["etau"]["spectr"]).shape == (2, 2)
     assert ctx["etau"]["sd"][1][0] is None  # single-draft: not run at K = 2

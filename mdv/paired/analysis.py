@@ -1,6 +1,6 @@
 """From paired records to estimates, decisive verdicts, speedup predictions and plots.
 
-Input: the ``mdv.paired/1`` records of :mod:`mdv.paired.measure` (one per prompt).  Every context
+Input: the ``mdv.paired/2`` records of :mod:`mdv.paired.measure` (one per prompt).  Every context
 contributes, per verifier m and (K, L), the exact ``E[tau | c, D]``; the **cluster** of a context is its
 prompt (contexts of one trajectory are correlated), so every CI is a cluster bootstrap over prompts
 (:func:`mdv.paired.stats.cluster_bootstrap`).
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def k_of(method: str, K: int) -> int:
 class PairedData:
     """All contexts of one setting (models, T, top-k, top-p, K_max, L_max), as arrays.
 
-    etau[m]: [n, K_max, L_max]; reach[m]: [n, K_max, L_max] (P(tau ≥ i) at L = L_max); alpha: [n, K_max];
+    etau[m]: [n, K_max, L_max]; reach[m]: [n, K_max, L_max, L_max] (P(tau ≥ i) at (K, L), NaN for i > L); alpha: [n, K_max];
     nodes: [n, K_max, L_max]; datasets, clusters: [n] labels (a cluster is one prompt's trajectory).
     """
 
@@ -91,6 +91,14 @@ class PairedData:
     def be(self, method: str, K: int, L: int) -> np.ndarray:
         """[n] block efficiency 1 + E[tau | c, D] of ``method`` at (K, L) (K = 1 for single-draft)."""
         return 1.0 + self.etau[method][:, k_of(method, K) - 1, L - 1]
+
+    def emitted_law(self, method: str, K: int, L: int) -> np.ndarray:
+        """[L+1] P(e = j), j = 1..L+1, of the tokens one iteration emits (e = 1 + tau) at (K, L), pooled
+        (averaged) over the contexts: the law :mod:`mdv.paired.renewal` cuts at max_new_tokens."""
+        from mdv.paired.renewal import emitted_law
+
+        reach = self.reach[method][:, k_of(method, K) - 1, L - 1, :L]  # [n, L]
+        return emitted_law(reach).mean(axis=0)  # [L+1]
 
     def etau_l1(self, method: str, K: int) -> np.ndarray:
         """[n] E[tau] at L = 1 with K drafts per context, averaged over the tree's drafts and the
@@ -147,7 +155,7 @@ def collect(records: Sequence[dict[str, Any]]) -> list[PairedData]:
                 nodes.append(ctx["nodes"])
                 for m in methods:
                     etau[m].append([[_nan(x) for x in row] for row in ctx["etau"][m]])
-                    reach[m].append([[_nan(x) for x in row] for row in ctx["reach"][m]])
+                    reach[m].append([[[_nan(x) for x in r] for r in row] for row in ctx["reach"][m]])
                     if optimum_draws:
                         first[m].append([_nan(x) for x in ctx["first_token"][m]])
             t = r.get("timing", {})
@@ -423,53 +431,102 @@ class MeasuredSpeedup:
     sr: Σ (method tokens × AR seconds per token of the same prompt) ÷ Σ method decode seconds (CI by prompt).
     tokens_per_iteration: emitted tokens ÷ target calls; time_per_iteration: decode seconds per target call ÷
     AR seconds per token (AR-step units).  SR = tokens_per_iteration ÷ time_per_iteration.
-    prompts: the (dataset, prompt index, seed) keys they ran on.
+    prompts: the (dataset, prompt index, seed) keys they ran on.  n_tokens: the median tokens a generation
+    emitted (its max_new_tokens unless EOS stopped it), for the cut of the last iteration.
     """
 
     sr: Estimate
     tokens_per_iteration: float
     time_per_iteration: float
     prompts: frozenset
+    n_tokens: int = 0
+
+
+def _speedups(pairs: Iterable[tuple[tuple, str, dict[str, Any], dict[str, Any]]], opts: Options
+              ) -> dict[tuple, MeasuredSpeedup]:
+    """pairs: ((method, K, L), prompt cluster, AR generation stats, method generation stats) of one prompt."""
+    acc: dict[tuple, dict[str, list]] = {}
+    for key, cluster, ar_s, s in pairs:
+        if not ar_s["new_tokens"] or not ar_s["decode_s"] or not s["decode_s"] or not s["target_calls"]:
+            continue
+        a = acc.setdefault(key, {k: [] for k in ("x", "y", "cl", "tok", "calls", "ar_s")})
+        per_token = float(ar_s["decode_s"]) / float(ar_s["new_tokens"])
+        a["x"].append(float(s["new_tokens"]) * per_token)
+        a["y"].append(float(s["decode_s"]))
+        a["cl"].append(cluster)
+        a["tok"].append(float(s["new_tokens"]))
+        a["calls"].append(float(s["target_calls"]))
+        a["ar_s"].append(per_token * float(s["target_calls"]))
+    out = {}
+    for k, a in acc.items():
+        sr = cluster_bootstrap(np.array(a["x"]), np.array(a["cl"]), ratio_to=np.array(a["y"]), **opts.boot())
+        out[k] = MeasuredSpeedup(sr, sum(a["tok"]) / sum(a["calls"]), sum(a["y"]) / sum(a["ar_s"]),
+                                 frozenset(a["cl"]), int(np.median(a["tok"])))
+    return out
 
 
 def measured_speedups(cells: Sequence[Any], setting: dict[str, Any], opts: Options) -> dict[tuple, MeasuredSpeedup]:
     """Measured SR of real generations per (method, K, L): sweep cells at the setting's temperature paired
-    with their AR cells (``mdv.analysis.find_ar``; warm-up prompts excluded), see :class:`MeasuredSpeedup`."""
+    with their AR cells (``mdv.analysis.find_ar``; warm-up prompts excluded), see :class:`MeasuredSpeedup`.
+    The cells ran one after the other, so a load change between cells reads as a speedup: the speed check
+    (:func:`check_speedups`) interleaves them instead."""
     from mdv.analysis import find_ar
 
     ar_cells = [c for c in cells if c.method == "ar" and c.status == "ok"]
-    acc: dict[tuple, dict[str, list]] = {}
-    for c in cells:
-        if c.method == "ar" or c.status != "ok" or abs(c.temperature - float(setting["temperature"])) > 1e-9:
-            continue
-        ar, _ = find_ar(c, ar_cells)
-        if ar is None:
-            continue
-        ar_by = {int(g["prompt_index"]): g["stats"] for g in ar.timed()}
-        a = acc.setdefault((c.method, c.K or 1, c.L or 1), {k: [] for k in ("x", "y", "cl", "tok", "calls", "ar_s")})
-        for g in c.timed():
-            ar_s = ar_by.get(int(g["prompt_index"]))
-            s = g["stats"]
-            if ar_s is None or not ar_s["new_tokens"] or not s["decode_s"] or not s["target_calls"]:
+
+    def pairs() -> Iterator[tuple[tuple, str, dict[str, Any], dict[str, Any]]]:
+        for c in cells:
+            if c.method == "ar" or c.status != "ok" or abs(c.temperature - float(setting["temperature"])) > 1e-9:
                 continue
-            per_token = float(ar_s["decode_s"]) / float(ar_s["new_tokens"])
-            a["x"].append(float(s["new_tokens"]) * per_token)
-            a["y"].append(float(s["decode_s"]))
-            a["cl"].append(f"{c.config.get('dataset')}/{g['prompt_index']}/s{c.config.get('seed')}")
-            a["tok"].append(float(s["new_tokens"]))
-            a["calls"].append(float(s["target_calls"]))
-            a["ar_s"].append(per_token * float(s["target_calls"]))
-    out = {}
-    for k, a in acc.items():
-        if not a["x"]:
-            continue
-        sr = cluster_bootstrap(np.array(a["x"]), np.array(a["cl"]), ratio_to=np.array(a["y"]), **opts.boot())
-        out[k] = MeasuredSpeedup(sr, sum(a["tok"]) / sum(a["calls"]), sum(a["y"]) / sum(a["ar_s"]),
-                                 frozenset(a["cl"]))
-    return out
+            ar, _ = find_ar(c, ar_cells)
+            if ar is None:
+                continue
+            ar_by = {int(g["prompt_index"]): g["stats"] for g in ar.timed()}
+            for g in c.timed():
+                if int(g["prompt_index"]) in ar_by:
+                    yield ((c.method, c.K or 1, c.L or 1), f"{c.config.get('dataset')}/{g['prompt_index']}/s"
+                           f"{c.config.get('seed')}", ar_by[int(g["prompt_index"])], g["stats"])
+
+    return _speedups(pairs(), opts)
+
+
+def check_matches(check: dict[str, Any], setting: dict[str, Any]) -> bool:
+    """Whether a speed check (:mod:`mdv.paired.speedcheck`) ran at this paired setting (models, T, top-k/p)."""
+    s = check.get("settings", {})
+    return (str(s.get("models")) == str(setting["models"])
+            and abs(float(s.get("temperature", float("nan"))) - float(setting["temperature"])) <= 1e-9
+            and s.get("top_k") == setting.get("top_k") and s.get("top_p") == setting.get("top_p"))
+
+
+def _check_cluster(g: dict[str, Any], check: dict[str, Any]) -> str:
+    return f"{g['dataset']}/{g['prompt_index']}/s{check['settings']['seed']}"  # the paired records' cluster label
+
+
+def check_speedups(check: dict[str, Any], opts: Options) -> dict[tuple, MeasuredSpeedup]:
+    """Measured SR per (method, K, L) of the interleaved speed check: per prompt, the method's generation
+    against the AR generation of the same round, see :class:`MeasuredSpeedup`."""
+    gens = check.get("generations", [])
+    ar = {(g["dataset"], g["prompt_index"]): g["stats"] for g in gens if g["method"] == "ar"}
+    pairs = [((g["method"], g["K"], g["L"]), _check_cluster(g, check), ar[(g["dataset"], g["prompt_index"])],
+              g["stats"]) for g in gens if g["method"] != "ar" and (g["dataset"], g["prompt_index"]) in ar]
+    return _speedups(pairs, opts)
+
+
+def check_block_efficiency(check: dict[str, Any], opts: Options) -> dict[tuple, Estimate]:
+    """Emitted tokens ÷ target calls of the speed check's generations per (method, K, L), ratio of sums
+    pooled over prompts, CI clustered by prompt."""
+    acc: dict[tuple, tuple[list, list, list]] = {}
+    for g in check.get("generations", []):
+        if g["method"] != "ar" and g["stats"].get("target_calls"):
+            xs, ys, cl = acc.setdefault((g["method"], g["K"], g["L"]), ([], [], []))
+            xs.append(float(g["stats"]["new_tokens"]))
+            ys.append(float(g["stats"]["target_calls"]))
+            cl.append(_check_cluster(g, check))
+    return {k: cluster_bootstrap(np.array(x), np.array(cl), ratio_to=np.array(y), **opts.boot())
+            for k, (x, y, cl) in acc.items()}
 
 
 __all__ = ["ClaimResult", "Options", "PAPER_ORDER", "PairedData", "all_claims", "be_estimate", "be_rows",
-           "MeasuredSpeedup", "collect", "combine", "measured_block_efficiency", "is_lossless", "is_multi_draft", "k_of", "label", "measured_speedups",
+           "MeasuredSpeedup", "check_block_efficiency", "check_matches", "check_speedups", "collect", "combine", "measured_block_efficiency", "is_lossless", "is_multi_draft", "k_of", "label", "measured_speedups",
            "monotone_k_claims", "monotone_l_claims", "optimality_claim", "optimality_gaps", "ordering_claim",
            "predicted_speedups"]

@@ -15,6 +15,27 @@ def _all_verifiers() -> list[str]:
 
 
 @dataclass
+class SpeedCheckConfig:
+    """Real generations that check the predicted speedups (:mod:`mdv.paired.speedcheck`).
+
+    enabled: run them (after the calibration, before the paired measurement, alone on the machine).
+    methods, K, L: the (method, K, L) cells (single-draft methods at K = 1); AR always runs too.
+    datasets: dataset names (null: the paired measurement's); n_prompts: prompts per dataset, the first
+    ones of the paired measurement (their contexts are the prediction's); n_tokens: max_new_tokens of every
+    generation (EOS ignored, so each emits exactly that many).  One extra untimed round on the first prompt
+    warms the machine up.
+    """
+
+    enabled: bool = False
+    methods: list[str] = field(default_factory=lambda: ["sd", "spectr", "mdbv"])
+    K: list[int] = field(default_factory=lambda: [3])
+    L: list[int] = field(default_factory=lambda: [2, 4])
+    datasets: Optional[list[str]] = None
+    n_prompts: int = 2
+    n_tokens: int = 64
+
+
+@dataclass
 class PairedConfig:
     """What the paired measurement measures and how it decides.
 
@@ -32,7 +53,8 @@ class PairedConfig:
     workers: processes that measure prompts at once (each loads the models and takes one torch thread; the
     per-record locks share the work).  The sweep's timed cells and the calibration run before, alone.
     calibration: a calibration file to use instead of calibrating (refused when it was made on another
-    machine or for other models).
+    machine or for other models).  speed_check: the real generations that check the predicted speedups
+    (:class:`SpeedCheckConfig`).
     """
 
     enabled: bool = False
@@ -54,6 +76,7 @@ class PairedConfig:
     cost_profiles: list[str] = field(default_factory=lambda: ["gpu_like"])
     calibration: Optional[str] = None
     workers: int = 1
+    speed_check: SpeedCheckConfig = field(default_factory=SpeedCheckConfig)
 
 
 def _pos_int(name: str, value: object) -> None:
@@ -94,6 +117,34 @@ def validate_paired(cfg: PairedConfig) -> None:
     for m in cfg.methods:
         if m not in VERIFIERS:
             raise unknown_name("paired.methods entry", m, list(VERIFIERS))
+    check = cfg.speed_check
+    if check.enabled:
+        for name in ("n_prompts", "n_tokens"):
+            _pos_int(f"speed_check.{name}", getattr(check, name))
+        if not check.methods:
+            raise InvalidInputError("paired.speed_check.methods is empty; name verifiers, e.g."
+                                    " paired.speed_check.methods=[sd,spectr], or set paired.speed_check.enabled=false")
+        for m in check.methods:
+            if m not in cfg.methods:
+                raise InvalidInputError(f"paired.speed_check.methods entry {m!r} is not measured by the paired"
+                                        f" run (paired.methods = {list(cfg.methods)}), so it has no prediction to"
+                                        " check; add it to paired.methods or drop it")
+        for name, top in (("K", cfg.K_max), ("L", cfg.L_max)):
+            values = getattr(check, name)
+            if not values:
+                raise InvalidInputError(f"paired.speed_check.{name} is empty; e.g. paired.speed_check.{name}=[2]")
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+                    raise InvalidInputError(f"paired.speed_check.{name} entry {v!r} must be an integer in [1,"
+                                            f" paired.{name}_max = {top}] (the paired run predicts only there)")
+        if check.datasets is not None:
+            pool = cfg.datasets
+            if not check.datasets:
+                raise InvalidInputError("paired.speed_check.datasets is empty; name datasets or set it to null")
+            for d in check.datasets:
+                if pool is not None and d not in pool:
+                    raise InvalidInputError(f"paired.speed_check.datasets entry {d!r} is not in paired.datasets"
+                                            f" ({list(pool)}): its prompts would have no paired contexts")
 
 
-__all__ = ["PairedConfig", "validate_paired"]
+__all__ = ["PairedConfig", "SpeedCheckConfig", "validate_paired"]

@@ -18,7 +18,7 @@ For prompt i of a dataset (sampling transform T, top-k, top-p of the run):
 **Greedy block verifiers** (``gbv``, ``mdbv``) carry a target adjustment across iterations in real runs;
 the fresh-state value measured here is the per-iteration quantity the LPs and the paper talk about.
 
-Results: one JSON file per (dataset, prompt) in ``<results_dir>/paired/`` (schema ``mdv.paired/1``),
+Results: one JSON file per (dataset, prompt) in ``<results_dir>/paired/`` (schema ``mdv.paired/2``),
 written atomically under a per-record lock like sweep cells: a killed run keeps its finished prompts, a
 rerun skips them, two runs at once never compute one record.
 """
@@ -41,7 +41,7 @@ from mdv.paired.config import PairedConfig, validate_paired
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "mdv.paired/1"
+SCHEMA = "mdv.paired/2"  # /2: reach at every (K, L), not only L = L_max
 #: Offset between a prompt's trajectory seed and its draft seed (two independent streams).
 DRAFT_SEED_OFFSET = 2 ** 40
 
@@ -153,8 +153,9 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
                    progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
     """Measure one prompt (module doc, steps 1-4).  Returns the ``trajectory`` / ``contexts`` / ``timing``
     part of a record: per context its offset, the draft tokens [K_max, L_max], the tree node counts
-    [K_max, L_max], α*_K at L = 1 [K_max], and per method ``etau`` [K_max, L_max] and ``reach`` [K_max, L_max]
-    (P(tau ≥ i) at L = L_max); NaN (null) where a single-draft method does not run."""
+    [K_max, L_max], α*_K at L = 1 [K_max], and per method ``etau`` [K_max, L_max] and ``reach``
+    [K_max, L_max, L_max] (reach[K-1][L-1][i-1] = P(tau ≥ i) at (K, L), i ≤ L); NaN (null) where a
+    single-draft method does not run and for i > L."""
     from mdv.engine import generate
     from mdv.models.sampling import SamplingConfig
 
@@ -178,7 +179,7 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
             "nodes": m.nodes.tolist(), "alpha_star": m.alpha_star,
             "first_token": m.first_token,
             "etau": {k: c.etau.tolist() for k, c in m.conditional.items()},
-            "reach": {k: c.reach[:, L_max - 1, :].tolist() for k, c in m.conditional.items()},
+            "reach": {k: c.reach.tolist() for k, c in m.conditional.items()},
         })
         if progress is not None:
             progress(n_done + 1, len(offsets))
@@ -206,7 +207,7 @@ def paired_dir(results_dir: str | Path) -> Path:
 
 
 def read_record(path: Path) -> Optional[dict[str, Any]]:
-    """A finished record, or None when the file is absent, unreadable or not ``mdv.paired/1`` with status ok."""
+    """A finished record, or None when the file is absent, unreadable or not of this ``SCHEMA`` with status ok."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -228,11 +229,14 @@ class PairedReport:
     busy: list[str]
     wall_seconds: float
     calibration: Optional[Path] = None
+    speed_check: Optional[Path] = None
 
     def line(self) -> str:
         busy = f", {len(self.busy)} left to another running process" if self.busy else ""
         if self.calibration is not None:
             busy += f"; calibration {self.calibration}"
+        if self.speed_check is not None:
+            busy += f"; speed check {self.speed_check}"
         return (f"paired: {len(self.records)} prompts: {len(self.ok)} measured, {len(self.skipped)} already done,"
                 f" {len(self.failed)} failed{busy}; {self.wall_seconds:.1f} s; records in"
                 f" {paired_dir(self.results_dir)}")
@@ -272,7 +276,11 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     prompt_sets: dict[str, Any] = {}
     formatted: dict[str, list[list[int]]] = {}
     models = None
-    if pending or (cfg.calibration is not None or (cfg.calibrate and not (out / CALIBRATION_FILE).exists())):
+    from mdv.paired.speedcheck import check_is_current, speed_check
+
+    check_todo = not check_is_current(run_cfg, out, datasets)
+    if pending or check_todo or (cfg.calibration is not None
+                                 or (cfg.calibrate and not (out / CALIBRATION_FILE).exists())):
         from mdv.engine import check_pair
 
         loader = loader or S.import_callable(run_cfg.dataset.loader, "dataset.loader")
@@ -280,11 +288,15 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
         S.check_models_available(run_cfg.models)
         models = S.load_models(run_cfg.models)
         check_pair(models.target, models.draft)
-        for name in dict.fromkeys(t[0] for t in pending or todo[:1]):
+        needed = [t[0] for t in pending or todo[:1]]
+        if check_todo:
+            needed += list(cfg.speed_check.datasets or datasets)
+        for name in dict.fromkeys(needed):
             prompt_sets[name] = S.load_prompt_set(loader, name, n, run_cfg.dataset.source)
             formatted[name] = S.format_dataset_prompts(name, prompt_sets[name], n, models, formatter,
-                                                       cfg.L_max + cfg.n_tokens)
+                                                       cfg.L_max + max(cfg.n_tokens, cfg.speed_check.n_tokens))
     calibration_file = prepare_calibration(run_cfg, out, models, formatted)
+    check_file = speed_check(run_cfg, out, models, formatted, datasets)  # alone, before any helper starts
     skipped = [rid for *_, rid in todo if rid in done]
     from mdv.tracking import NullTracker
 
@@ -367,7 +379,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
                                                headline_L=cfg.headline_L, cost_profiles=cfg.cost_profiles,
                                                opts=options_of(cfg)))
     return PairedReport(Path(run_cfg.results_dir), [t[-1] for t in todo], skipped, ok, failed, busy,
-                        time.perf_counter() - t_start, calibration_file)
+                        time.perf_counter() - t_start, calibration_file, check_file)
 
 
 CALIBRATION_FILE = "calibration.json"

@@ -258,9 +258,13 @@ def _per_dataset_md(data: A.PairedData, rows: Sequence[dict[str, Any]], K: int, 
 def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.MeasuredSpeedup], opts: A.Options
                   ) -> list[dict[str, Any]]:
     """Predicted vs measured SR for every (method, K, L) with real generations.  The prediction uses the
-    paired contexts of the same prompts (dataset, prompt index, seed) the real generations timed; SR is split
-    into tokens per iteration and time per iteration (AR steps) on both sides, so the error can be placed."""
+    paired contexts of the same prompts (dataset, prompt index, seed) the real generations timed, and cuts
+    the last iteration of a run of the generations' length (:func:`mdv.paired.renewal.cap_factor` of the
+    pooled per-iteration law; the factor is a plug-in, its own sampling error left out of the CI).  SR is
+    split into tokens per iteration and time per iteration (AR steps) on both sides, so the error can be
+    placed."""
     from mdv.paired.cost import iteration_time
+    from mdv.paired.renewal import cap_factor
 
     out = []
     for (m, K, L), meas in sorted(measured.items()):
@@ -273,13 +277,19 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
         pred = A.predicted_speedups(sub, cost, opts, Ls=[L])
         p = next(r for r in pred if r["method"] == m and r["K"] == A.k_of(m, K) and r["L"] == L)
         k = A.k_of(m, K)
+        cut = cap_factor(sub.emitted_law(m, k, L), meas.n_tokens) if meas.n_tokens >= 1 else 1.0
         tokens = float(np.mean(sub.be(m, k, L)))
         time_ = float(np.mean(iteration_time(sub.nodes[:, k - 1, L - 1], method=m, K=k, L=L, cost=cost)))
         e = meas.sr
-        out.append({"method": m, "K": K, "L": L, "predicted": p["sr"], "predicted_lo": p["lo"],
-                    "predicted_hi": p["hi"], "measured": e.mean, "measured_lo": e.lo, "measured_hi": e.hi,
-                    "prompts": e.n_clusters, "contexts": sub.n, "error": p["sr"] / e.mean - 1.0 if e.mean > 0 else float("nan"),
-                    "tokens_predicted": tokens, "tokens_measured": meas.tokens_per_iteration,
+        sr = p["sr"] * cut
+        out.append({"method": m, "K": K, "L": L, "predicted": sr, "predicted_lo": p["lo"] * cut,
+                    "predicted_hi": p["hi"] * cut, "predicted_per_iteration": p["sr"], "cap_factor": cut,
+                    "n_tokens": meas.n_tokens, "measured": e.mean, "measured_lo": e.lo, "measured_hi": e.hi,
+                    "prompts": e.n_clusters, "contexts": sub.n,
+                    "error": sr / e.mean - 1.0 if e.mean > 0 else float("nan"),
+                    "error_lo": sr / e.hi - 1.0 if e.hi > 0 else float("nan"),
+                    "error_hi": sr / e.lo - 1.0 if e.lo > 0 else float("nan"),
+                    "tokens_predicted": tokens * cut, "tokens_measured": meas.tokens_per_iteration,
                     "time_predicted": time_, "time_measured": meas.time_per_iteration,
                     "goal": m in ("sd", "spectr") and L <= 4})
     return out
@@ -316,6 +326,9 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
     all_claims: list[A.ClaimResult] = []
     be_all, verdict_all, gap_all, sr_all, check_all = [], [], [], [], []
     summary: list[str] = []
+    from mdv.paired.speedcheck import FILE as CHECK_FILE, read_check
+
+    check_data = read_check(paired_dir(results_dir) / CHECK_FILE)
     calib_path = paired_dir(results_dir) / "calibration.json"
     calibration = None
     if calib_path.exists():
@@ -399,16 +412,26 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                       + ", ".join(f"{n} nodes {s * 1e3:.1f} ms" for n, s in sorted(calibration.target_s.items()))
                       + "; draft step (K rows) " + ", ".join(f"K={k} {s * 1e3:.1f} ms"
                                                              for k, s in sorted(calibration.draft_step_s.items())))
-        measured = A.measured_speedups(cells, data.setting, opts) if cells else {}
-        same = np.isin(data.dataset_keys, sorted(A.cell_datasets(cells))) if cells else np.zeros(data.n, bool)
+        if check_data is not None and A.check_matches(check_data, data.setting):
+            measured = A.check_speedups(check_data, opts)
+            real_be = A.check_block_efficiency(check_data, opts)
+            real_datasets = sorted({str(g["dataset"]) for g in check_data.get("generations", [])})
+            source = (f"the speed check (`paired/speedcheck.json`: AR and every cell interleaved per prompt,"
+                      f" {check_data['settings']['n_tokens']} tokens each, EOS ignored)")
+        else:
+            measured = A.measured_speedups(cells, data.setting, opts) if cells else {}
+            real_be = A.measured_block_efficiency(cells, data.setting, opts) if cells else {}
+            real_datasets = sorted(A.cell_datasets(cells)) if cells else []
+            source = "the sweep's cells (run one after the other: a load change between cells reads as a speedup)"
+        same = np.isin(data.dataset_keys, real_datasets)
         check = sr_check_rows(data, calibration, measured, opts) if calibration is not None and measured else []
-        real_be = A.measured_block_efficiency(cells, data.setting, opts) if cells else {}
+        check_all += [{**c, "setting": gi} for c in check]
         if real_be and same.any():
             sub = data.subset(same)
             md += ["", "### Block efficiency: paired (fresh state) next to real generations", "",
-                   f"On the datasets the real generations ran on ({', '.join(sorted(A.cell_datasets(cells)))}). Real"
-                   " runs cap the last iteration at max_new_tokens and carry gbv/mdbv's target adjustment across"
-                   " iterations; the paired value is the per-iteration, fresh-state 1 + E[tau].", "",
+                   f"Real generations: {source}, on {', '.join(real_datasets)}. Real runs cut the last iteration"
+                   " at max_new_tokens and carry gbv/mdbv's target adjustment across iterations; the paired value"
+                   " is the per-iteration, fresh-state 1 + E[tau] on those datasets.", "",
                    "| method | K | L | paired 1 + E[tau] | real generations |", "|---|---|---|---|---|"]
             for (m, k, l), e in sorted(real_be.items()):
                 if m in sub.methods and k <= sub.K_max and l <= sub.L_max:
@@ -416,31 +439,34 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                     md.append(f"| {A.label(m)} | {k} | {l} | {_ci(pe.mean, pe.lo, pe.hi)} | {_ci(e.mean, e.lo, e.hi)} |")
         md += ["", "### Speedup check: predicted vs measured on real generations", ""]
         if check:
-            md += ["Prediction on the paired contexts of the same prompts the real generations timed (warm-up"
-                   " prompts excluded). SR = tokens per iteration ÷ time per iteration (in AR steps), both sides.", "",
-                   "| method | K | L | predicted SR | measured SR | prompts | error | tokens/iter pred. / meas. |"
-                   " time/iter pred. / meas. | in goal? |", "|---|---|---|---|---|---|---|---|---|---|"]
+            md += [f"Measured: {source}. Predicted: the paired contexts of the same prompts, with the last"
+                   " iteration of a run of that length cut (× the renewal factor, `mdv.paired.renewal`). SR ="
+                   " tokens per iteration ÷ time per iteration (in AR steps), both sides; the error's range is"
+                   " over the measured SR's CI.", "",
+                   "| method | K | L | predicted SR | measured SR | prompts | error [range] | cut factor |"
+                   " tokens/iter pred. / meas. | time/iter pred. / meas. | in goal? |",
+                   "|---|---|---|---|---|---|---|---|---|---|---|"]
             for c in check:
                 ok = "—" if not c["goal"] else ("yes" if abs(c["error"]) <= SR_GOAL else "**no**")
                 md.append(f"| {A.label(c['method'])} | {c['K']} | {c['L']} |"
                           f" {_ci(c['predicted'], c['predicted_lo'], c['predicted_hi'], 2)} |"
                           f" {_ci(c['measured'], c['measured_lo'], c['measured_hi'], 2)} | {c['prompts']} |"
-                          f" {c['error']:+.1%} | {c['tokens_predicted']:.2f} / {c['tokens_measured']:.2f} |"
+                          f" {c['error']:+.1%} [{c['error_lo']:+.0%}, {c['error_hi']:+.0%}] | {c['cap_factor']:.3f} |"
+                          f" {c['tokens_predicted']:.2f} / {c['tokens_measured']:.2f} |"
                           f" {c['time_predicted']:.2f} / {c['time_measured']:.2f} | {ok} |")
             goal = [c for c in check if c["goal"]]
             if goal:
                 worst = max(abs(c["error"]) for c in goal)
                 line = (f"SR prediction error, sd and spectr at L ≤ 4: max |error| {worst:.1%} over {len(goal)}"
                         f" configurations (goal ≤ {SR_GOAL:.0%}: {'met' if worst <= SR_GOAL else 'missed'})")
-                md += ["", line + ". Prediction: paired contexts (every stride tokens of target trajectories) and a"
-                       " per-part calibration; measurement: decode time of real generations at their own contexts."]
+                md += ["", line + "."]
                 summary.append(line)
             p = plot_sr_check(check, out / f"paired_sr_check{suffix}.png")
             if p is not None:
                 paths[f"sr_check{suffix}"] = p
         else:
-            md.append("No real-generation cells with a calibrated prediction to compare (run the main job, or a sweep"
-                      " with `paired.enabled=true`).")
+            md.append("No real generations with a calibrated prediction to compare (run the main job, or enable"
+                      " `paired.speed_check`).")
         claims_md += [f"## Setting {gi}: {title}", ""] + _claims_md(claims, data, opts) + [""]
         md += ["", "### Verdicts", "", "See `paired_claims.md` (and `claims.md`). Summary:", ""]
         md += [f"- {c.statement}: **{c.outcome}**" for c in claims]

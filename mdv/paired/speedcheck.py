@@ -1,0 +1,184 @@
+"""Real generations that check the predicted speedups: AR and every (method, K, L), interleaved per prompt.
+
+The calibrated cost model (:mod:`mdv.paired.cost`) predicts SR = E[tokens per iteration] / E[time per
+iteration] from the paired contexts.  This module measures the same SR on real ``mdv.generate`` runs of
+the same prompts, so the prediction error can be read off:
+
+* **Interleaved.**  Prompt by prompt, AR and every cell run once each, the order rotated by one per
+  prompt (:func:`mdv.bench.interleaved_generations`), so a drift of the machine's load hits every cell
+  alike and the per-prompt ratio AR seconds ÷ method seconds cancels it.  A sweep's cells run one after
+  the other and cannot do that: there a load change between two cells is read as a speedup.
+* **Same prompts, same seeds.**  The first ``n_prompts`` prompts of each dataset of the paired run
+  (whose contexts give the prediction), seeded like the paired trajectories (:func:`mdv.sweep.prompt_seed`).
+* **Fixed length.**  EOS is ignored, so every generation emits exactly ``n_tokens`` tokens and the cut of
+  the last iteration is the one :mod:`mdv.paired.renewal` predicts.
+* **Warm-up.**  One untimed round of every cell on the first prompt before the timed ones.
+
+Result: ``<results_dir>/paired/speedcheck.json`` (schema ``mdv.paired.speedcheck/1``), written atomically;
+a rerun with the same settings, models and machine reuses it.  Per generation: dataset, prompt index,
+method, K, L and the engine's :class:`~mdv.engine.GenerationStats` (decode seconds split into draft /
+target / verify / other, target calls, emitted tokens).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from mdv.paired.config import SpeedCheckConfig
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "mdv.paired.speedcheck/1"
+FILE = "speedcheck.json"
+
+Cell = tuple[str, int, int]  # (method, K, L); ("ar", 1, 1) is the baseline
+
+__all__ = ["Cell", "FILE", "SCHEMA", "SpeedCheckPrompt", "check_cells", "check_is_current", "check_settings",
+           "read_check", "run_speed_check", "speed_check"]
+
+
+@dataclass(frozen=True)
+class SpeedCheckPrompt:
+    """One prompt of the check: its dataset (config key), index in the paired run, token ids, seed."""
+
+    dataset: str
+    index: int
+    ids: list[int]
+    seed: int
+
+
+def check_cells(cfg: SpeedCheckConfig) -> list[Cell]:
+    """AR first, then every (method, K, L) of the config; single-draft methods at K = 1 only."""
+    from mdv.verify.registry import VERIFIERS
+
+    cells: list[Cell] = [("ar", 1, 1)]
+    for m in cfg.methods:
+        for K in (cfg.K if VERIFIERS[m].multi_draft else [1]):
+            for L in cfg.L:
+                if (m, int(K), int(L)) not in cells:
+                    cells.append((m, int(K), int(L)))
+    return cells
+
+
+def run_speed_check(target: Any, draft: Any, prompts: Sequence[SpeedCheckPrompt], cells: Sequence[Cell], *,
+                    n_tokens: int, temperature: float, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                    progress: bool = False) -> dict[str, Any]:
+    """Every cell on every prompt, interleaved (module doc), after one untimed warm-up round on prompts[0].
+    -> {"generations": [{dataset, prompt_index, method, K, L, stats}], "warmup_s", "wall_seconds"}."""
+    from mdv.bench import interleaved_generations
+    from mdv.engine import generate
+    from mdv.sweep import _tqdm
+
+    t0 = time.perf_counter()
+    rounds = [prompts[0], *prompts]  # round 0 is the warm-up
+    bar = _tqdm(progress, total=len(rounds) * len(cells), desc="speed check", position=0)
+
+    def run_cell(cell: Cell, i: int, pr: SpeedCheckPrompt) -> dict[str, Any]:
+        m, K, L = cell
+        bar.set_postfix_str(f"{'warm-up' if i == 0 else pr.dataset + ' #' + str(pr.index)} {m} K={K} L={L}",
+                            refresh=False)
+        r = generate(target, None if m == "ar" else draft, pr.ids, m, K=K, L=L, temperature=temperature,
+                     top_k=top_k, top_p=top_p, max_new_tokens=n_tokens, seed=pr.seed, eos_token_id=[])
+        bar.update(1)
+        return r.stats
+
+    try:
+        stats = interleaved_generations(list(cells), rounds, run_cell)
+    finally:
+        bar.close()
+    gens = []
+    for (m, K, L), per_round in stats.items():
+        for pr, s in zip(prompts, per_round[1:]):  # leave the warm-up out
+            gens.append({"dataset": pr.dataset, "prompt_index": pr.index, "method": m, "K": K, "L": L,
+                         "stats": s})
+    return {"generations": gens, "wall_seconds": time.perf_counter() - t0}
+
+
+def read_check(path: Path) -> Optional[dict[str, Any]]:
+    """The check in ``path``, or None when absent, unreadable or of another schema."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == SCHEMA else None
+
+
+def check_settings(cfg: SpeedCheckConfig, *, datasets: Sequence[str], temperature: float, top_k: Optional[int],
+                   top_p: Optional[float], seed: int, models: str) -> dict[str, Any]:
+    """What determines the check's generations (a stored check with other settings is redone)."""
+    return {"cells": [list(c) for c in check_cells(cfg)], "datasets": list(datasets), "n_prompts": cfg.n_prompts,
+            "n_tokens": cfg.n_tokens, "temperature": float(temperature), "top_k": top_k, "top_p": top_p,
+            "seed": int(seed), "models": models}
+
+
+def _device_of(run_cfg: Any) -> str:
+    import torch
+
+    return run_cfg.models.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _settings_of(run_cfg: Any, datasets: Sequence[str]) -> dict[str, Any]:
+    cfg: SpeedCheckConfig = run_cfg.paired.speed_check
+    names = list(cfg.datasets) if cfg.datasets is not None else list(datasets)
+    return check_settings(cfg, datasets=names, temperature=float(run_cfg.sampling.temperatures[0]),
+                          top_k=run_cfg.sampling.top_k, top_p=run_cfg.sampling.top_p,
+                          seed=int(run_cfg.sweep.seeds[0]), models=str(run_cfg.models.name))
+
+
+def check_is_current(run_cfg: Any, out: Path, datasets: Sequence[str]) -> bool:
+    """True when ``out/speedcheck.json`` holds a check with this run's settings, made on this machine (or
+    the check is disabled): nothing to measure."""
+    from mdv.paired.cost import machine_fingerprint
+
+    if not run_cfg.paired.speed_check.enabled:
+        return True
+    old = read_check(out / FILE)
+    return (old is not None and old.get("settings") == _settings_of(run_cfg, datasets)
+            and old.get("machine") == machine_fingerprint(_device_of(run_cfg)))
+
+
+def speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]],
+                datasets: Sequence[str]) -> Optional[Path]:
+    """Run (or reuse) the speed check of ``run_cfg.paired.speed_check`` into ``out/speedcheck.json``.
+
+    ``formatted``: dataset -> the paired run's formatted prompt ids (at least ``n_prompts`` per checked
+    dataset); ``datasets``: the paired run's dataset names (the check's default).  Reused when
+    :func:`check_is_current`; otherwise measured, which needs ``models`` (None: nothing was loaded and the
+    stored file, if any, is kept).  -> the file, or None when the check is disabled or absent.
+    """
+    from mdv.errors import InvalidInputError
+    from mdv.paired.cost import machine_fingerprint
+    from mdv.sweep import prompt_seed, write_json_atomic
+
+    cfg: SpeedCheckConfig = run_cfg.paired.speed_check
+    path = out / FILE
+    if not cfg.enabled:
+        return None
+    if check_is_current(run_cfg, out, datasets):
+        return path
+    if models is None:
+        return path if read_check(path) is not None else None
+    if read_check(path) is not None:
+        log.warning("redoing the speed check: other settings, or made on another machine")
+    settings = _settings_of(run_cfg, datasets)
+    seed = settings["seed"]
+    prompts = []
+    for name in settings["datasets"]:
+        ids_list = formatted.get(name) or []
+        if len(ids_list) < cfg.n_prompts:
+            raise InvalidInputError(
+                f"paired.speed_check needs {cfg.n_prompts} prompts of {name!r} but the paired run has"
+                f" {len(ids_list)}; lower paired.speed_check.n_prompts or raise paired.n_prompts")
+        prompts += [SpeedCheckPrompt(name, i, list(ids_list[i]), prompt_seed(seed, i)) for i in range(cfg.n_prompts)]
+    cells = check_cells(cfg)
+    log.info("speed check: %d cells x %d prompts x %d tokens, interleaved", len(cells), len(prompts), cfg.n_tokens)
+    body = run_speed_check(models.target, models.draft, prompts, cells, n_tokens=cfg.n_tokens,
+                           temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
+                           progress=run_cfg.progress)
+    write_json_atomic(path, {"schema": SCHEMA, "settings": settings, "machine": machine_fingerprint(models.device),
+                             "models": {"target": models.target_name, "draft": models.draft_name}, **body})
+    return path
