@@ -3,7 +3,7 @@
 # exact-conditional measurement of every verifier on every dataset on the embedded default pair, a
 # calibration of this machine and short real generations that check the predicted speedups -- then turn
 # its results into verdicts (claims.md), tables and plots.
-# Extra arguments are Hydra overrides of the sweep (e.g. dataset.n_prompts=2).
+# Extra arguments are Hydra overrides (e.g. paired.n_prompts=4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for arg in "$@"; do
@@ -19,4 +19,4 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARA
 RESULTS="${MDV_RESULTS:-outputs/main}"
 .venv/bin/python -m experiments.run experiment=main results_dir="$RESULTS" "$@"
 .venv/bin/python -m analysis.report "$RESULTS"
-echo "[mdv] tables, plots and claims: $RESULTS/analysis/ (report.md, claims.md)"
+echo "[mdv] verdicts, tables and plots: $RESULTS/analysis/ (claims.md, paired_report.md)"

@@ -32,7 +32,7 @@ class SpeedCheckConfig:
     L: list[int] = field(default_factory=lambda: [2, 4])
     datasets: Optional[list[str]] = None
     n_prompts: int = 2
-    n_tokens: int = 64
+    n_tokens: Optional[int] = None
 
 
 @dataclass
@@ -119,8 +119,15 @@ def validate_paired(cfg: PairedConfig) -> None:
             raise unknown_name("paired.methods entry", m, list(VERIFIERS))
     check = cfg.speed_check
     if check.enabled:
-        for name in ("n_prompts", "n_tokens"):
-            _pos_int(f"speed_check.{name}", getattr(check, name))
+        _pos_int("speed_check.n_prompts", check.n_prompts)
+        if check.n_tokens is not None:
+            _pos_int("speed_check.n_tokens", check.n_tokens)
+            if check.n_tokens > cfg.n_tokens:
+                raise InvalidInputError(
+                    f"paired.speed_check.n_tokens={check.n_tokens} exceeds paired.n_tokens={cfg.n_tokens}: the"
+                    f" paired contexts cover only the first {cfg.n_tokens} generated positions and acceptance"
+                    " changes with the position, so longer runs are not the ones predicted; lower"
+                    " paired.speed_check.n_tokens (or set it to null) or raise paired.n_tokens")
         if not check.methods:
             raise InvalidInputError("paired.speed_check.methods is empty; name verifiers, e.g."
                                     " paired.speed_check.methods=[sd,spectr], or set paired.speed_check.enabled=false")

@@ -263,6 +263,10 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     models_name = str(run_cfg.models.name)
     datasets = list(cfg.datasets) if cfg.datasets is not None else [S._value(d) for d in run_cfg.dataset.names]
     n = cfg.n_prompts or run_cfg.dataset.n_prompts
+    if cfg.speed_check.enabled and cfg.speed_check.n_prompts > n:
+        raise InvalidInputError(f"paired.speed_check.n_prompts={cfg.speed_check.n_prompts} exceeds the {n} prompts"
+                                " per dataset the paired run measures (their contexts give the prediction); lower"
+                                " paired.speed_check.n_prompts or raise paired.n_prompts")
     todo: list[tuple[str, int, float, int, dict[str, Any], str]] = []
     for name in datasets:
         for T in run_cfg.sampling.temperatures:
@@ -294,7 +298,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
         for name in dict.fromkeys(needed):
             prompt_sets[name] = S.load_prompt_set(loader, name, n, run_cfg.dataset.source)
             formatted[name] = S.format_dataset_prompts(name, prompt_sets[name], n, models, formatter,
-                                                       cfg.L_max + max(cfg.n_tokens, cfg.speed_check.n_tokens))
+                                                       cfg.L_max + cfg.n_tokens)
     calibration_file = prepare_calibration(run_cfg, out, models, formatted)
     check_file = speed_check(run_cfg, out, models, formatted, datasets)  # alone, before any helper starts
     skipped = [rid for *_, rid in todo if rid in done]
@@ -423,14 +427,34 @@ def options_of(cfg: PairedConfig) -> Any:
     return Options(level=cfg.level, n_boot=cfg.n_boot, delta=cfg.delta)
 
 
+def calibration_context(run_cfg: Any, formatted: dict[str, list[list[int]]]) -> list[int]:
+    """The context the calibration times at: as long as the median context of the runs it predicts.
+
+    Pass costs grow with the context (KV-cache attention; K-row draft steps and tree passes faster than one
+    AR step: measured on the default pair, a 3-row draft step 8.6 ms at 110 tokens, 10.0 at 250, 11.0 at
+    400), so the length is median(prompt length + n/2) over the speed check's prompts (all paired prompts
+    without a check), n the generated tokens.  Token identity barely matters for timing: the prompts are
+    concatenated and cut to that length."""
+    cfg: PairedConfig = run_cfg.paired
+    check = cfg.speed_check
+    names = list(check.datasets or formatted) if check.enabled else list(formatted)
+    prompts = [ids for name in names for ids in formatted.get(name, [])[: check.n_prompts if check.enabled else None]]
+    prompts = prompts or [ids for ids_list in formatted.values() for ids in ids_list]
+    n = (check.n_tokens or cfg.n_tokens) if check.enabled else cfg.n_tokens
+    length = max(2, int(np.median([len(ids) + n / 2 for ids in prompts])))
+    pool = [t for ids in prompts for t in ids]
+    return (pool * (length // len(pool) + 1))[:length]
+
+
 def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]]
                         ) -> Optional[Path]:
     """The calibration the report predicts speedups with, as ``<out>/calibration.json``.
 
     ``paired.calibration`` (a file): loaded and checked against this machine and models (a mismatch is
     one :class:`~mdv.errors.InvalidInputError`), copied there.  Else, with ``paired.calibrate``: an
-    existing ``calibration.json`` that matches is reused, otherwise this machine is calibrated (one short
-    interleaved run at the first prompt's context, :func:`mdv.paired.cost.calibrate`).
+    existing ``calibration.json`` that matches (machine, models, context length) is reused, otherwise this
+    machine is calibrated: one short interleaved run (:func:`mdv.paired.cost.calibrate`) at a context of
+    the predicted runs' median length (:func:`calibration_context`).
     """
     from mdv.models.sampling import SamplingConfig
     from mdv.paired.cost import calibrate, load_calibration
@@ -445,15 +469,19 @@ def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[st
         return path if path.exists() else None
     if models is None:  # nothing to measure and a calibration exists: keep it
         return path
+    context = calibration_context(run_cfg, formatted)
     try:
-        load_calibration(path, target=models.target, draft=models.draft)
-        return path
+        old = load_calibration(path, target=models.target, draft=models.draft)
+        if old.settings.get("context_length") == len(context):
+            return path
+        log.warning("recalibrating: the stored calibration was timed at a %s-token context, this run's contexts"
+                    " call for %d", old.settings.get("context_length"), len(context))
     except MdvError as e:
         if path.exists():
             log.warning("recalibrating: %s", e)
-    context = next(ids for ids_list in formatted.values() for ids in ids_list[:1])
     T = run_cfg.sampling.temperatures[0]
-    log.info("calibrating this machine's pass costs (K_max=%d, L_max=%d)", cfg.K_max, cfg.L_max)
+    log.info("calibrating this machine's pass costs (K_max=%d, L_max=%d, a %d-token context)", cfg.K_max,
+             cfg.L_max, len(context))
     cal = calibrate(models.target, models.draft, K_max=cfg.K_max, L_max=cfg.L_max, methods=cfg.methods,
                     context_ids=context, repeats=cfg.calibration_repeats, progress=run_cfg.progress,
                     sampling=SamplingConfig(T, run_cfg.sampling.top_k, run_cfg.sampling.top_p))

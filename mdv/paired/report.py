@@ -263,7 +263,7 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
     pooled per-iteration law; the factor is a plug-in, its own sampling error left out of the CI).  SR is
     split into tokens per iteration and time per iteration (AR steps) on both sides, so the error can be
     placed."""
-    from mdv.paired.cost import iteration_time
+    from mdv.paired.cost import iteration_time, predict_speedup
     from mdv.paired.renewal import cap_factor
 
     out = []
@@ -274,9 +274,10 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
         if not same.any():
             continue
         sub = data.subset(same)
-        pred = A.predicted_speedups(sub, cost, opts, Ls=[L])
-        p = next(r for r in pred if r["method"] == m and r["K"] == A.k_of(m, K) and r["L"] == L)
         k = A.k_of(m, K)
+        pe = predict_speedup(sub.be(m, k, L), sub.nodes[:, k - 1, L - 1], sub.clusters, method=m, K=k, L=L,
+                             cost=cost, **opts.boot())
+        p = {"sr": pe.mean, "lo": pe.lo, "hi": pe.hi}
         cut = cap_factor(sub.emitted_law(m, k, L), meas.n_tokens) if meas.n_tokens >= 1 else 1.0
         tokens = float(np.mean(sub.be(m, k, L)))
         time_ = float(np.mean(iteration_time(sub.nodes[:, k - 1, L - 1], method=m, K=k, L=L, cost=cost)))

@@ -107,11 +107,11 @@ def read_check(path: Path) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) and data.get("schema") == SCHEMA else None
 
 
-def check_settings(cfg: SpeedCheckConfig, *, datasets: Sequence[str], temperature: float, top_k: Optional[int],
-                   top_p: Optional[float], seed: int, models: str) -> dict[str, Any]:
+def check_settings(cfg: SpeedCheckConfig, *, datasets: Sequence[str], n_tokens: int, temperature: float,
+                   top_k: Optional[int], top_p: Optional[float], seed: int, models: str) -> dict[str, Any]:
     """What determines the check's generations (a stored check with other settings is redone)."""
     return {"cells": [list(c) for c in check_cells(cfg)], "datasets": list(datasets), "n_prompts": cfg.n_prompts,
-            "n_tokens": cfg.n_tokens, "temperature": float(temperature), "top_k": top_k, "top_p": top_p,
+            "n_tokens": n_tokens, "temperature": float(temperature), "top_k": top_k, "top_p": top_p,
             "seed": int(seed), "models": models}
 
 
@@ -124,7 +124,8 @@ def _device_of(run_cfg: Any) -> str:
 def _settings_of(run_cfg: Any, datasets: Sequence[str]) -> dict[str, Any]:
     cfg: SpeedCheckConfig = run_cfg.paired.speed_check
     names = list(cfg.datasets) if cfg.datasets is not None else list(datasets)
-    return check_settings(cfg, datasets=names, temperature=float(run_cfg.sampling.temperatures[0]),
+    return check_settings(cfg, datasets=names, n_tokens=int(cfg.n_tokens or run_cfg.paired.n_tokens),
+                          temperature=float(run_cfg.sampling.temperatures[0]),
                           top_k=run_cfg.sampling.top_k, top_p=run_cfg.sampling.top_p,
                           seed=int(run_cfg.sweep.seeds[0]), models=str(run_cfg.models.name))
 
@@ -175,8 +176,9 @@ def speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[
                 f" {len(ids_list)}; lower paired.speed_check.n_prompts or raise paired.n_prompts")
         prompts += [SpeedCheckPrompt(name, i, list(ids_list[i]), prompt_seed(seed, i)) for i in range(cfg.n_prompts)]
     cells = check_cells(cfg)
-    log.info("speed check: %d cells x %d prompts x %d tokens, interleaved", len(cells), len(prompts), cfg.n_tokens)
-    body = run_speed_check(models.target, models.draft, prompts, cells, n_tokens=cfg.n_tokens,
+    log.info("speed check: %d cells x %d prompts x %d tokens, interleaved", len(cells), len(prompts),
+             settings["n_tokens"])
+    body = run_speed_check(models.target, models.draft, prompts, cells, n_tokens=settings["n_tokens"],
                            temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
                            progress=run_cfg.progress)
     write_json_atomic(path, {"schema": SCHEMA, "settings": settings, "machine": machine_fingerprint(models.device),

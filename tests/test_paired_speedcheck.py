@@ -1,0 +1,176 @@
+"""mdv.paired.speedcheck: the interleaved real generations that check the predicted speedups, their
+file and reuse, the measured SR they give, and the prediction's cut of the last iteration."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mdv.errors import InvalidInputError, MdvError
+from mdv.paired import analysis as A
+from mdv.paired.config import PairedConfig, SpeedCheckConfig, validate_paired
+from mdv.paired.measure import load_records, paired_dir, run_paired
+from mdv.paired.speedcheck import FILE, check_cells, read_check
+from mdv.sweep import RunConfig
+
+
+def run_config(tmp_path: Path, **check) -> RunConfig:
+    cfg = RunConfig()
+    cfg.name = "speedcheck_test"
+    cfg.results_dir = str(tmp_path / "res")
+    cfg.progress = False
+    cfg.models.kind = "tiny_random"
+    cfg.models.name = "tiny"
+    cfg.dataset.names = ["humaneval"]
+    cfg.dataset.n_prompts = 2
+    sc = SpeedCheckConfig(enabled=True, methods=["sd", "spectr"], K=[2], L=[1, 2], n_prompts=2, n_tokens=6)
+    for k, v in check.items():
+        setattr(sc, k, v)
+    cfg.paired = PairedConfig(enabled=True, K_max=2, L_max=2, stride=4, n_tokens=8, calibrate=False,
+                              methods=["sd", "spectr", "mdbv"], speed_check=sc)
+    return cfg
+
+
+def test_cells_put_ar_first_and_single_draft_methods_at_k1() -> None:
+    cfg = SpeedCheckConfig(methods=["sd", "spectr"], K=[2, 3], L=[1, 4])
+    assert check_cells(cfg) == [("ar", 1, 1), ("sd", 1, 1), ("sd", 1, 4), ("spectr", 2, 1), ("spectr", 2, 4),
+                                ("spectr", 3, 1), ("spectr", 3, 4)]
+
+
+def test_run_writes_every_cell_on_every_prompt_and_reuses_it(tmp_path: Path) -> None:
+    cfg = run_config(tmp_path)
+    rep = run_paired(cfg)
+    path = paired_dir(cfg.results_dir) / FILE
+    assert rep.speed_check == path
+    check = read_check(path)
+    gens = check["generations"]
+    cells = {(g["method"], g["K"], g["L"]) for g in gens}
+    assert cells == set(check_cells(cfg.paired.speed_check))
+    assert len(gens) == len(cells) * 2  # two timed prompts; the warm-up round is left out
+    assert all(g["stats"]["new_tokens"] == 6 for g in gens)  # EOS ignored: every run is n_tokens long
+    # same prompts and seeds as the paired trajectories: the AR generation replays the recorded trajectory
+    recs = {r["prompt_index"]: r for r in load_records(cfg.results_dir)}
+    for g in gens:
+        if g["method"] == "ar":
+            assert g["stats"]["seed"] == recs[g["prompt_index"]]["trajectory"]["seed"]
+    before = path.stat().st_mtime_ns
+    run_paired(cfg)  # nothing changed: reused, not rerun
+    assert path.stat().st_mtime_ns == before
+    cfg.paired.speed_check.n_tokens = 5  # other settings: redone
+    run_paired(cfg)
+    assert read_check(path)["settings"]["n_tokens"] == 5
+
+
+def test_the_ar_generation_of_the_check_is_the_paired_trajectory(tmp_path: Path) -> None:
+    """Check and paired run share prompt and seed: with n_tokens equal, AR gives the recorded tokens."""
+    from mdv import generate
+    from mdv.sweep import load_models
+
+    cfg = run_config(tmp_path, n_tokens=8)
+    run_paired(cfg)
+    T = float(cfg.sampling.temperatures[0])
+    rec = next(r for r in load_records(cfg.results_dir) if r["config"]["temperature"] == T)
+    models = load_models(cfg.models)
+    check = read_check(paired_dir(cfg.results_dir) / FILE)
+    g = next(g for g in check["generations"] if g["method"] == "ar" and g["prompt_index"] == rec["prompt_index"])
+    assert g["stats"]["seed"] == rec["trajectory"]["seed"]
+    # the trajectory stopped at EOS or ran n_tokens; the check ignores EOS, so it is a prefix of the check's run
+    from mdv.sweep import format_dataset_prompts, import_callable, load_prompt_set
+
+    ps = load_prompt_set(import_callable(cfg.dataset.loader, "dataset.loader"), "humaneval", 2, cfg.dataset.source)
+    ids = format_dataset_prompts("humaneval", ps, 2, models, import_callable(cfg.dataset.formatter, "f"),
+                                 cfg.paired.L_max + 8)[rec["prompt_index"]]
+    out = generate(models.target, None, ids, "ar", temperature=T, top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p, max_new_tokens=8, seed=g["stats"]["seed"],
+                   eos_token_id=[]).tokens
+    traj = rec["trajectory"]["tokens"]
+    assert out[:len(traj)] == traj
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("methods", [], "speed_check.methods"), ("methods", ["bv"], "not measured by the paired run"),
+    ("L", [3], "speed_check.L"), ("K", [0], "speed_check.K"), ("n_tokens", 0, "speed_check.n_tokens"),
+    ("n_prompts", 0, "speed_check.n_prompts"), ("datasets", ["gsm8k"], "not in paired.datasets"),
+    ("n_tokens", 9, "exceeds paired.n_tokens=8"),
+])
+def test_bad_speed_check_config_is_one_clear_error(field: str, value, needle: str) -> None:
+    sc = SpeedCheckConfig(enabled=True, methods=["sd", "spectr"], K=[2], L=[1, 2])
+    validate_paired(PairedConfig(K_max=2, L_max=2, n_tokens=8, datasets=["humaneval"], methods=["sd", "spectr"],
+                                 speed_check=sc))  # valid as it stands
+    setattr(sc, field, value)
+    cfg = PairedConfig(K_max=2, L_max=2, n_tokens=8, datasets=["humaneval"], methods=["sd", "spectr"],
+                       speed_check=sc)
+    with pytest.raises(MdvError, match=needle):
+        validate_paired(cfg)
+
+
+def test_more_check_prompts_than_paired_prompts_fails_before_any_work(tmp_path: Path) -> None:
+    cfg = run_config(tmp_path, n_prompts=3)
+    with pytest.raises(InvalidInputError, match="speed_check.n_prompts"):
+        run_paired(cfg)
+    assert not list(paired_dir(cfg.results_dir).glob("*.json"))
+
+
+def _stats(tokens: int, calls: int, decode_s: float) -> dict:
+    return {"new_tokens": tokens, "target_calls": calls, "decode_s": decode_s}
+
+
+def test_measured_speedup_is_the_hand_computed_ratio() -> None:
+    """SR = sum(method tokens x AR seconds per token of its prompt) / sum(method decode seconds); tokens per
+    iteration = tokens / target calls; time per iteration in AR steps."""
+    check = {"settings": {"seed": 0, "n_tokens": 10, "models": "m", "temperature": 0.4, "top_k": None,
+                          "top_p": None},
+             "generations": [
+                 {"dataset": "d", "prompt_index": 0, "method": "ar", "K": 1, "L": 1, "stats": _stats(10, 10, 1.0)},
+                 {"dataset": "d", "prompt_index": 1, "method": "ar", "K": 1, "L": 1, "stats": _stats(10, 10, 2.0)},
+                 {"dataset": "d", "prompt_index": 0, "method": "sd", "K": 1, "L": 2, "stats": _stats(10, 4, 0.5)},
+                 {"dataset": "d", "prompt_index": 1, "method": "sd", "K": 1, "L": 2, "stats": _stats(10, 5, 1.5)}]}
+    m = A.check_speedups(check, A.Options(n_boot=200))[("sd", 1, 2)]
+    assert m.sr.mean == pytest.approx((10 * 0.1 + 10 * 0.2) / (0.5 + 1.5))
+    assert m.tokens_per_iteration == pytest.approx(20 / 9)
+    assert m.time_per_iteration == pytest.approx((0.5 + 1.5) / (0.1 * 4 + 0.2 * 5))
+    assert m.prompts == frozenset({"d/0/s0", "d/1/s0"}) and m.n_tokens == 10
+    be = A.check_block_efficiency(check, A.Options(n_boot=200))[("sd", 1, 2)]
+    assert be.mean == pytest.approx(20 / 9)
+    assert A.check_matches(check, {"models": "m", "temperature": 0.4, "top_k": None, "top_p": None})
+    assert not A.check_matches(check, {"models": "m", "temperature": 1.0, "top_k": None, "top_p": None})
+
+
+def test_report_prediction_cuts_the_last_iteration(tmp_path: Path) -> None:
+    """The check's rows: predicted SR = per-iteration prediction x cap_factor(pooled law, n_tokens)."""
+    from mdv.paired.cost import Calibration
+    from mdv.paired.renewal import cap_factor
+    from mdv.paired.report import sr_check_rows
+
+    cfg = run_config(tmp_path)
+    run_paired(cfg)
+    data = A.collect(load_records(cfg.results_dir))[0]
+    cal = Calibration(machine={}, models={}, target_s={1: 0.1, 5: 0.15}, draft_first_s=0.01,
+                      draft_step_s={1: 0.01, 2: 0.012}, verify_s={"sd/1/1": 1e-3, "sd/1/2": 1e-3,
+                                                                  "spectr/2/1": 1e-3, "spectr/2/2": 1e-3},
+                      ar_step_s=0.1)
+    check = read_check(paired_dir(cfg.results_dir) / FILE)
+    rows = sr_check_rows(data, cal, A.check_speedups(check, A.Options(n_boot=200)), A.Options(n_boot=200))
+    assert {(r["method"], r["K"], r["L"]) for r in rows} == {("sd", 1, 1), ("sd", 1, 2), ("spectr", 2, 1),
+                                                             ("spectr", 2, 2)}
+    for r in rows:
+        law = data.emitted_law(r["method"], r["K"], r["L"])
+        assert r["cap_factor"] == pytest.approx(cap_factor(law, 6)) and 0 < r["cap_factor"] <= 1
+        assert r["predicted"] == pytest.approx(r["predicted_per_iteration"] * r["cap_factor"])
+        assert r["error"] == pytest.approx(r["predicted"] / r["measured"] - 1)
+        # the pooled law's mean is the mean block efficiency
+        assert float(law @ np.arange(1, r["L"] + 2)) == pytest.approx(float(np.mean(data.be(r["method"], r["K"],
+                                                                                            r["L"]))))
+
+
+def test_calibration_context_has_the_median_length_of_the_checked_runs(tmp_path: Path) -> None:
+    """median(prompt length + n/2) over the check's prompts (n: the tokens each run generates)."""
+    from mdv.paired.measure import calibration_context
+
+    cfg = run_config(tmp_path, datasets=["a"], n_prompts=3, n_tokens=4)
+    formatted = {"a": [[1] * 10, [2] * 20, [3] * 31, [4] * 500], "b": [[5] * 1000]}
+    ctx = calibration_context(cfg, formatted)
+    assert len(ctx) == 22 and set(ctx) <= {1, 2, 3}  # median(12, 22, 33); prompt 4 and dataset b not checked
+    cfg.paired.speed_check.enabled = False  # without a check: every paired prompt, paired.n_tokens = 8
+    assert len(calibration_context(cfg, formatted)) == int(np.median([14, 24, 35, 504, 1004]))
