@@ -179,17 +179,19 @@ def test_one_iteration_generations_match_paired_estimate(tiny_pair, draws) -> No
 
 
 def test_every_verifier_sees_the_same_drafts(tiny_pair, monkeypatch) -> None:
-    """Common random numbers: at each context every verifier's law is called on the recorded drafts."""
+    """Common random numbers: at each context every verifier's law (``law``, or the law of tau alone) is
+    called on the recorded drafts."""
     target, draft = tiny_pair
     seen: dict[str, list[torch.Tensor]] = {m: [] for m in METHODS}
     for name, cls in VERIFIERS.items():
-        original = cls.law
+        for view in ("law", "acceptance_law", "acceptance_laws_upto_K"):
+            original = getattr(cls, view)
 
-        def spy(self, block, state=None, _orig=original, _name=name):
-            seen[_name].append(block.tokens.clone())
-            return _orig(self, block, state)
+            def spy(self, block, state=None, _orig=original, _name=name):
+                seen[_name].append(block.tokens.clone())
+                return _orig(self, block, state)
 
-        monkeypatch.setattr(cls, "law", spy)
+            monkeypatch.setattr(cls, view, spy)
     probe = ContextProbe(target, draft, CONTEXT, SamplingConfig(1.0, None, None), seed=7)
     for extra in ([], [3], [3, 4]):
         for m in METHODS:

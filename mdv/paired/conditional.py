@@ -26,6 +26,12 @@ Two implementations of one rule (the guide's reference / fast pair):
   2. **Token-level rules stop early.**  For a verifier with ``prefix_consistent`` (``sd``, ``spectr``:
      the decision at depth i uses only depth-i quantities), the run with block length L is the run with
      length L_max stopped at L, so ``P(tau_L ≥ i) = P(tau_Lmax ≥ i)`` for i ≤ L: one ``law`` call per K.
+  3. **The law of tau alone.**  :meth:`~mdv.verify.base.Verifier.acceptance_law` (the marginal of ``law``
+     over the kept draft and the next token) instead of ``law``: ``mdbv`` and ``spectr_gbv`` skip the
+     next-token law of every branch, most of their ``law`` time.
+  4. **Every K from one pass.**  For a verifier with ``drafts_in_sequence`` (``mdbv``: the K'-draft run is
+     the K-draft run stopped after draft K'), :meth:`~mdv.verify.base.Verifier.acceptance_laws_upto_K`
+     gives all K ≤ K_max from one recursion per L.
 
 ``tests/test_paired.py`` checks the two against each other on random and real blocks.
 """
@@ -90,7 +96,21 @@ def _check(method: str, block: Block) -> type[Verifier]:
 
 
 def _moments(verifier: Verifier, block: Block) -> tuple[float, np.ndarray]:
-    """(E[tau], [P(tau ≥ i)]_{i=1..L}) from the verifier's exact law with a fresh state."""
+    """(E[tau], [P(tau ≥ i)]_{i=1..L}) from the verifier's exact law of tau (``acceptance_law``, the
+    marginal of ``law``) with a fresh state."""
+    return _law_moments(verifier.acceptance_law(block, verifier.initial_state())[0])
+
+
+def _law_moments(law: Tensor) -> tuple[float, np.ndarray]:
+    """(E[tau], [P(tau ≥ i)]_{i=1..L}) of law [L+1] = P(tau = t), t = 0..L."""
+    law = law.to("cpu", torch.float64)
+    tail = law.flip(0).cumsum(0).flip(0)  # [L+1]: P(tau >= t), t = 0..L
+    etau = (law * torch.arange(law.shape[0], dtype=torch.float64)).sum()
+    return float(etau), tail[1:].numpy()
+
+
+def _moments_reference(verifier: Verifier, block: Block) -> tuple[float, np.ndarray]:
+    """:func:`_moments` summed branch by branch over the full outcome law ``law``."""
     L = block.L
     reach = torch.zeros(L, dtype=torch.float64)
     etau = torch.zeros((), dtype=torch.float64)
@@ -113,7 +133,7 @@ def conditional_acceptance_reference(method: str, block: Block) -> ConditionalAc
     etau, reach = _empty(K_max, L_max)
     for K in range(1, (K_max if cls.multi_draft else 1) + 1):
         for L in range(1, L_max + 1):
-            e, r = _moments(cls(), sub_block(block, K, L))
+            e, r = _moments_reference(cls(), sub_block(block, K, L))
             etau[K - 1, L - 1] = e
             reach[K - 1, L - 1, :L] = r
     return ConditionalAcceptance(method, etau, reach)
@@ -136,6 +156,14 @@ def conditional_acceptance(method: str, block: Block, lumped: bool = False) -> C
             for L in range(1, L_max + 1):
                 etau[K - 1, L - 1] = float(r[:L].sum())
                 reach[K - 1, L - 1, :L] = r[:L]
+            continue
+        if cls.drafts_in_sequence:
+            if K == 1:  # every K at once below
+                for L in range(1, L_max + 1):
+                    v = cls()
+                    law = v.acceptance_laws_upto_K(sub_block(block, K_max, L), v.initial_state())[0]  # [K, L+1]
+                    for k in range(1, K_max + 1):
+                        etau[k - 1, L - 1], reach[k - 1, L - 1, :L] = _law_moments(law[k - 1])
             continue
         for L in range(1, L_max + 1):
             e, r = _moments(cls(), sub_block(block, K, L))
@@ -207,7 +235,7 @@ def first_token_acceptance_reference(method: str, block: Block) -> np.ndarray:
     for b in range(M):
         one = block.select(b)
         for K in range(1, (K_max if cls.multi_draft else 1) + 1):
-            out[b, K - 1] = _moments(cls(), sub_block(one, K, 1))[0]
+            out[b, K - 1] = _moments_reference(cls(), sub_block(one, K, 1))[0]
     return out
 
 
@@ -223,10 +251,7 @@ def first_token_acceptance(method: str, block: Block) -> np.ndarray:
     out = np.full((M, K_max), np.nan)
     for K in range(1, (K_max if cls.multi_draft else 1) + 1):
         v = cls()
-        etau = torch.zeros(M, dtype=torch.float64)
-        for br in v.law(sub_block(block, K, 1), v.initial_state()):
-            etau += br.prob.cpu() * br.tau.cpu().to(torch.float64)
-        out[:, K - 1] = etau.numpy()
+        out[:, K - 1] = v.acceptance_law(sub_block(block, K, 1), v.initial_state())[:, 1].cpu().numpy()  # L = 1
     return out
 
 

@@ -222,6 +222,11 @@ class Verifier(ABC):
     #: with block length L is the run with a longer block stopped at L: P(tau_L >= i) = P(tau_L' >= i) for
     #: i <= L <= L'.  The paired estimator uses it; ``tests/test_paired.py`` checks it against ``law``.
     prefix_consistent: ClassVar[bool] = False
+    #: True when the drafts are scanned one after the other and draft k's scan never looks at later drafts,
+    #: so the run with K' drafts is the run with K > K' drafts stopped after draft K' (``mdbv``; not SpecTr's
+    #: K-dependent coupling).  :meth:`acceptance_laws_upto_K` then has a one-pass override;
+    #: ``tests/test_verify_acceptance_law.py`` checks the flag against ``law``.
+    drafts_in_sequence: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.state: Any = self.initial_state()
@@ -247,6 +252,27 @@ class Verifier(ABC):
     @abstractmethod
     def law(self, block: Block, state: Any = None) -> list[Branch]:
         """Exact law of the outcome given the drafts (vectorised over B)."""
+
+    def acceptance_law(self, block: Block, state: Any = None) -> Tensor:
+        """The law of tau alone: ``[B, L+1]`` with entry [b, t] = P(tau = t | drafts of b), t = 0..L.
+
+        The marginal of :meth:`law` over the kept draft and the next token: sum of ``prob`` over the branches
+        with ``tau = t`` (this default).  A verifier whose ``law`` spends most of its time on the branches'
+        next-token laws (O(V) each) overrides it without them; ``tests/test_verify_acceptance_law.py``
+        checks every override against this default."""
+        out = torch.zeros(block.B, block.L + 1, dtype=block.p.dtype, device=block.p.device)  # [B, L+1]
+        for br in self.law(block, state):
+            out.scatter_add_(1, br.tau.unsqueeze(1), br.prob.unsqueeze(1))
+        return out
+
+    def acceptance_laws_upto_K(self, block: Block, state: Any = None) -> Tensor:
+        """The law of tau with the first K' drafts of ``block``, K' = 1..K: ``[B, K, L+1]`` (entry [b, K'-1,
+        t] = P(tau = t) of the K'-draft run).  Default: :meth:`acceptance_law` on each K' prefix of the
+        drafts (single-draft verifiers: K' = 1 only, so K must be 1).  A verifier whose K'-draft run is its
+        K-draft run stopped after draft K' (``mdbv``) overrides it with one pass."""
+        self.check_drafts(block.K)
+        return torch.stack([self.acceptance_law(Block(block.tokens[:, :k], block.q[:, :k], block.p[:, :k]), state)
+                            for k in range(1, block.K + 1)], 1)
 
     @abstractmethod
     def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:

@@ -278,6 +278,7 @@ class MultiDraftBlockVerification(Verifier):
     name: ClassVar[str] = "mdbv"
     lossless: ClassVar[bool] = True
     multi_draft: ClassVar[bool] = True
+    drafts_in_sequence: ClassVar[bool] = True
     stateful: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ state
@@ -303,13 +304,39 @@ class MultiDraftBlockVerification(Verifier):
 
     # ------------------------------------------------------------------ the three views
     def law(self, block: Block, state: Any = None) -> list[Branch]:
+        return self._law(block, state, with_next=True)[0]
+
+    def acceptance_law(self, block: Block, state: Any = None) -> Tensor:
+        """P(tau = t), t = 0..L [B, L+1]: the recursion of :meth:`law` without the next-token law of each
+        leaf (a residual-chain walk, O(tau·K·V), per leaf: most of ``law``'s time)."""
+        return self.acceptance_laws_upto_K(block, state)[:, -1]
+
+    def acceptance_laws_upto_K(self, block: Block, state: Any = None) -> Tensor:
+        """The law of tau with the first K' drafts, for every K' = 1..K, from ONE recursion: [B, K, L+1].
+
+        The drafts are coupled one after the other and the scan of draft k does not look at later drafts,
+        so the run with K' drafts is the run with K drafts stopped after draft K' (a full acceptance at
+        draft j < K' ends both): the mass at depth K' of the recursion is the K'-draft law."""
+        return self._law(block, state, with_next=False)[1]
+
+    def _law(self, block: Block, state: Any, with_next: bool) -> tuple[list[Branch], Tensor]:
+        """Every exit sequence of the K drafts, with its probability: the branches (with the next-token
+        law when ``with_next``) and the law of tau with the first K' drafts, [B, K, L+1]."""
         p_eff = self.effective_target(block, state)
         B, K, L = block.B, block.K, block.L
         device = p_eff.device
         branches: list[Branch] = []
+        tau_laws = torch.zeros(B, K, L + 1, dtype=p_eff.dtype, device=device)
 
         def recurse(k: int, exits: tuple[int, ...], prob: Tensor, levels: list[Level]) -> None:
+            if exits:
+                if exits[-1] == L:  # a full acceptance ends the run for every K' >= k
+                    tau_laws[:, k - 1:, L] += prob.unsqueeze(-1)
+                else:
+                    tau_laws[:, k - 1, max(exits)] += prob
             if k == K or (exits and exits[-1] == L):
+                if not with_next:
+                    return
                 tau_val = max(exits)
                 sel_val = exits.index(tau_val)
                 tau = torch.full((B,), tau_val, dtype=torch.long, device=device)
@@ -327,7 +354,7 @@ class MultiDraftBlockVerification(Verifier):
                 recurse(k + 1, exits + (e,), pe, levels if e == L else levels + [(k, depth)])
 
         recurse(0, (), torch.ones(B, dtype=p_eff.dtype, device=device), [])
-        return branches
+        return branches, tau_laws
 
     def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
         """Fast sampler, vectorised over B; one instance on CPU takes :meth:`_sample_one` (same outcome)."""

@@ -303,20 +303,19 @@ class SpecTrGBV(Verifier):
         h_mid = _h_from_scaled(phi - S, 1.0 - S)
         return torch.cat([h_mid, h_full[..., None]], -1), log_P, log_Q  # h: [B, K, L]
 
-    # ------------------------------------------------------------------ exact law
-    def law(self, block: Block, state: Any = None) -> list[Branch]:
-        """Exact outcome law by a dynamic program over the drafts.
+    def acceptance_law(self, block: Block, state: Any = None) -> Tensor:
+        """P(tau = t), t = 0..L [B, L+1]: the dynamic program of :meth:`law` on h alone (:meth:`_h`), without
+        the O(K·L·V) next-token laws of every node."""
+        h, _, _ = self._h(block)
+        m, F = self._scan_masses(h, block.tokens)  # [B, L, K], [B, K]
+        return torch.cat([m.sum(-1), F.sum(-1, keepdim=True)], -1)  # [B, L+1]
 
-        State before draft k: the mass ``m[b, t, j]`` of (tau = t < L, sel = j) and the masses ``F[b, j]``
-        of a full acceptance at draft j (terminal).  Draft k tests the lengths ``a < i <= L-1`` with
-        ``a = max(t, s_k)`` (module docstring) and then the full block; as in BV (§4), its scan ends at
-        tau = L w.p. h_L, otherwise at the last accepted tested length i w.p.
-        ``(1 - h_L) h_i prod_{a<j<=L-1, j>i} (1 - h_j)`` (tau and sel unchanged if none is accepted).
-        Branches: (tau=0, sel=0), (tau=i, sel=k) for i = 1..L, k = 0..K-1.
-        """
-        B, K, L = block.B, block.K, block.L
-        h, dists = self.h_and_dists(block)
-        s = longest_shared_prefix(block.tokens).clamp_max(L - 1)  # [B, K]
+    @staticmethod
+    def _scan_masses(h: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """The dynamic program of :meth:`law`: m [B, L, K] (tau = t < L, sel = j) and F [B, K] (a full
+        acceptance at draft j).  h: [B, K, L]; tokens: [B, K, L]."""
+        B, K, L = h.shape
+        s = longest_shared_prefix(tokens).clamp_max(L - 1)  # [B, K]
         m = torch.zeros(B, L, K, dtype=h.dtype, device=h.device)  # tau = 0..L-1, sel
         m[:, 0, 0] = 1.0
         F = torch.zeros(B, K, dtype=h.dtype, device=h.device)
@@ -337,6 +336,22 @@ class SpecTrGBV(Verifier):
                 tested = lengths[None, :] > a[:, None]  # [B, L]
                 new[:, :, k] += mt.sum(-1, keepdim=True) * torch.where(tested, exit_at, torch.zeros_like(exit_at))
             m = (1.0 - h_full)[:, None, None] * new
+        return m, F
+
+    # ------------------------------------------------------------------ exact law
+    def law(self, block: Block, state: Any = None) -> list[Branch]:
+        """Exact outcome law by a dynamic program over the drafts.
+
+        State before draft k: the mass ``m[b, t, j]`` of (tau = t < L, sel = j) and the masses ``F[b, j]``
+        of a full acceptance at draft j (terminal).  Draft k tests the lengths ``a < i <= L-1`` with
+        ``a = max(t, s_k)`` (module docstring) and then the full block; as in BV (§4), its scan ends at
+        tau = L w.p. h_L, otherwise at the last accepted tested length i w.p.
+        ``(1 - h_L) h_i prod_{a<j<=L-1, j>i} (1 - h_j)`` (tau and sel unchanged if none is accepted).
+        Branches: (tau=0, sel=0), (tau=i, sel=k) for i = 1..L, k = 0..K-1.
+        """
+        h, dists = self.h_and_dists(block)
+        m, F = self._scan_masses(h, block.tokens)
+        B, K, L = block.B, block.K, block.L
         zeros = torch.zeros(B, dtype=torch.long, device=h.device)
         branches = [Branch(m[:, 0, 0], zeros, zeros, dists[:, 0, 0])]
         for k in range(K):
