@@ -5,7 +5,10 @@ A speculative iteration (:mod:`mdv.engine`) costs
 1. **draft**: one ``extend`` of the pending token in one row, ``fork(K)`` (and, at the end of the
    iteration, ``keep(sel)``), then L − 1 ``extend`` steps over K rows;
 2. **target**: ONE token-tree pass over the N nodes of ``build_tree(pending, drafts)`` -- the pending
-   root plus every distinct draft prefix, so L + 1 <= N <= K·L + 1 -- then ``keep_nodes`` of the kept path;
+   root plus every distinct draft prefix, so L + 1 <= N <= K·L + 1 -- then ``keep_nodes`` of the kept path
+   (at K = 1 the engine scores the draft as one row instead, ``target_pass="rows"``: ``target_rows_s[L]``
+   replaces ``target_s(N)`` below -- on the default pair that row pass is 10-20% slower than a tree of the
+   same L + 1 nodes, which left every sd prediction too fast while only the tree was timed);
 3. **verify**: ``verifier.step`` on the block (float64 laws over the real vocabulary V).
 
 In units of one autoregressive (AR) step of the target (one ``extend`` of one token: the cost of one
@@ -137,6 +140,9 @@ class Calibration:
                     block checks the engine runs per iteration).
     ar_step_s:      one target extend of 1 token (+ law and draw): the AR unit.
     draft_fork_s:   K -> ``fork(K)`` + ``keep(0)`` of the draft cache ({} = 0).
+    target_rows_s:  L -> the K = 1 target pass the engine runs instead of a tree (``target_pass="rows"``:
+                    ``fork(1)``, one extend of pending + L tokens, law, ``keep(0)``), L = 1..L_max ({}: the
+                    tree pass of L + 1 nodes stands in, as in files made before it was timed).
     created:        ISO-8601 UTC time of the run.
     settings:       K_max, L_max, methods, context_length, repeats, sampling of the run.
     details:        measurement key -> {"median", "min", "max", "n"} in seconds (:func:`mdv.bench.spread`).
@@ -150,6 +156,7 @@ class Calibration:
     verify_s: dict[str, float]
     ar_step_s: float
     draft_fork_s: dict[int, float] = field(default_factory=dict)
+    target_rows_s: dict[int, float] = field(default_factory=dict)
     created: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
@@ -161,6 +168,7 @@ class Calibration:
         for k, v in self.draft_fork_s.items():
             if not math.isfinite(v) or v < 0:
                 raise InvalidInputError(f"draft_fork_s[{k}] must be a finite number of seconds >= 0; got {v!r}")
+        self.target_rows_s = _int_keys("target_rows_s", self.target_rows_s) if self.target_rows_s else {}
         self.draft_first_s = _positive("draft_first_s", self.draft_first_s)
         self.ar_step_s = _positive("ar_step_s", self.ar_step_s)
         if not isinstance(self.verify_s, Mapping) or not self.verify_s:
@@ -210,6 +218,8 @@ class Calibration:
                 f" K_max >= {K}, L_max >= {L}")
         fixed = (self.draft_first_s + self.draft_fork_s.get(K, 0.0) + (L - 1) * self.draft_step_s[K]
                  + self.verify_s[key])
+        if K == 1 and L in self.target_rows_s:  # the engine scores one draft as a row, not a tree
+            return fixed + np.full(np.shape(nodes), self.target_rows_s[L])
         return fixed + self.target_time(nodes)
 
     # ------------------------------------------------------------------ persistence
@@ -218,7 +228,8 @@ class Calibration:
                 "ar_step_s": self.ar_step_s, "draft_first_s": self.draft_first_s,
                 "draft_step_s": {str(k): v for k, v in self.draft_step_s.items()},
                 "draft_fork_s": {str(k): v for k, v in self.draft_fork_s.items()},
-                "target_s": {str(k): v for k, v in self.target_s.items()}, "verify_s": dict(self.verify_s),
+                "target_s": {str(k): v for k, v in self.target_s.items()},
+                "target_rows_s": {str(k): v for k, v in self.target_rows_s.items()}, "verify_s": dict(self.verify_s),
                 "settings": dict(self.settings), "details": dict(self.details)}
 
     @classmethod
@@ -235,7 +246,8 @@ class Calibration:
         return cls(machine=dict(d["machine"]), models=dict(d["models"]), target_s=dict(d["target_s"]),
                    draft_first_s=d["draft_first_s"], draft_step_s=dict(d["draft_step_s"]),
                    verify_s=dict(d["verify_s"]), ar_step_s=d["ar_step_s"],
-                   draft_fork_s=dict(d.get("draft_fork_s") or {}), created=str(d.get("created", "")),
+                   draft_fork_s=dict(d.get("draft_fork_s") or {}),
+                   target_rows_s=dict(d.get("target_rows_s") or {}), created=str(d.get("created", "")),
                    settings=dict(d.get("settings") or {}), details=dict(d.get("details") or {}))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -476,6 +488,8 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
 
     * ``target/n``: extend_tree of a :func:`synthetic_tree` with n nodes + the sampling law of its
       nodes + keep_nodes of the last draft's path; n in :func:`measured_node_counts` (K_max·L_max + 1);
+    * ``target_rows/L``: the K = 1 pass the engine runs instead (``score_drafts`` without a tree: fork(1),
+      one extend of the pending token + L draft tokens, the laws, keep(0)), L = 1..L_max;
     * ``ar``: target extend of the pending token + law + draw;
     * ``draft_first``: draft extend of the pending token in one row + law + draw;
     * ``draft_step/K``: draft extend of K rows (after an untimed fork) + laws + K draws, K = 1..K_max;
@@ -500,7 +514,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     from tqdm.auto import tqdm
 
     from mdv.bench import _sync_for, spread, synthetic_block, time_call
-    from mdv.engine import check_pair, check_prompt_fits, max_context
+    from mdv.engine import check_pair, check_prompt_fits, max_context, score_drafts
     from mdv.models.base import check_token_ids
     from mdv.models.sampling import SamplingConfig
     from mdv.models.session import open_session, tree_capable
@@ -553,6 +567,15 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
                 tgt.keep_nodes(path)
 
             probes.append(_Probe(f"target/{n}", t_run, restore=lambda: tgt.crop(n0)))
+
+        for L in range(1, L_max + 1):  # K = 1: the engine's rows pass (mdv.engine.score_drafts, tree=None)
+            toks = torch.randint(0, V, (1, L), generator=gen)
+
+            def r_run(toks=toks) -> None:
+                score_drafts(tgt, ctx, toks, sampling, None)  # [1, L+1, V]
+                tgt.keep(0)
+
+            probes.append(_Probe(f"target_rows/{L}", r_run, restore=lambda: tgt.crop(n0)))
 
         def ar_run() -> None:
             p = sampling.probs(tgt.extend(pend_t)[:, -1])  # [1, V]
@@ -634,6 +657,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
         target_s={int(k): v for k, v in sub("target/").items()}, draft_first_s=med["draft_first"],
         draft_step_s={int(k): v for k, v in sub("draft_step/").items()}, verify_s=sub("verify/"),
         ar_step_s=med["ar"], draft_fork_s={int(k): max(v, 0.0) for k, v in sub("draft_fork/").items()},
+        target_rows_s={int(k): v for k, v in sub("target_rows/").items()},
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         settings={"K_max": K_max, "L_max": L_max, "methods": list(methods), "context_length": len(ctx),
                   "repeats": int(repeats), "warmup_rounds": 1, "node_counts": measured_node_counts(n_max),
