@@ -14,23 +14,15 @@ from mdv.paired.config import PairedConfig, SpeedCheckConfig, validate_paired
 from mdv.paired.measure import load_records, paired_dir, run_paired
 from mdv.paired.speedcheck import FILE, check_cells, read_check
 from mdv.sweep import RunConfig
+from tests.test_paired import tiny_run_config
 
 
 def run_config(tmp_path: Path, **check) -> RunConfig:
-    cfg = RunConfig()
-    cfg.name = "speedcheck_test"
-    cfg.results_dir = str(tmp_path / "res")
-    cfg.progress = False
-    cfg.models.kind = "tiny_random"
-    cfg.models.name = "tiny"
-    cfg.dataset.names = ["humaneval"]
-    cfg.dataset.n_prompts = 2
+    """The paired tests' tiny run (tests/test_paired.py) with a speed check on its two prompts."""
     sc = SpeedCheckConfig(enabled=True, methods=["sd", "spectr"], K=[2], L=[1, 2], n_prompts=2, n_tokens=6)
     for k, v in check.items():
         setattr(sc, k, v)
-    cfg.paired = PairedConfig(enabled=True, K_max=2, L_max=2, stride=4, n_tokens=8, calibrate=False,
-                              methods=["sd", "spectr", "mdbv"], speed_check=sc)
-    return cfg
+    return tiny_run_config(tmp_path, speed_check=sc)
 
 
 def test_cells_put_ar_first_and_single_draft_methods_at_k1() -> None:
