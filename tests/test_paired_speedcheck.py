@@ -166,3 +166,38 @@ def test_calibration_context_has_the_median_length_of_the_checked_runs(tmp_path:
     assert len(ctx) == 22 and set(ctx) <= {1, 2, 3}  # median(12, 22, 33); prompt 4 and dataset b not checked
     cfg.paired.speed_check.enabled = False  # without a check: every paired prompt, paired.n_tokens = 8
     assert len(calibration_context(cfg, formatted)) == int(np.median([14, 24, 35, 504, 1004]))
+
+
+def test_check_rounds_run_between_the_calibration_rounds(tmp_path: Path) -> None:
+    """With paired.calibrate, the check's rounds are spread over the calibration's (same machine state for
+    the prediction and its check): every round runs once, in order, and the file says so."""
+    cfg = run_config(tmp_path)
+    cfg.paired.calibrate = True
+    cfg.paired.calibration_repeats = 2
+    rep = run_paired(cfg)
+    assert rep.calibration is not None and rep.calibration.exists()
+    check = read_check(rep.speed_check)
+    assert check["interleaved_with_calibration"] is True
+    gens = check["generations"]
+    assert len(gens) == len(check_cells(cfg.paired.speed_check)) * 2
+    assert [g["prompt_index"] for g in gens] == sorted(g["prompt_index"] for g in gens)  # rounds in order
+
+
+def test_spread_rounds_runs_every_round_once_in_order() -> None:
+    from mdv.paired.speedcheck import spread_rounds
+
+    class Fake:
+        def __init__(self, J: int) -> None:
+            self.rounds, self.done, self.order = [None] * J, [False] * J, []
+
+        def run_round(self, j: int) -> None:
+            assert not self.done[j]
+            self.done[j] = True
+            self.order.append(j)
+
+    for J, R in [(9, 16), (16, 9), (1, 1), (5, 5), (3, 1)]:
+        fake = Fake(J)
+        hook = spread_rounds(fake)
+        for r in range(R):
+            hook(r, R)
+        assert fake.order == list(range(J)), (J, R)

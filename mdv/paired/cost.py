@@ -474,7 +474,8 @@ class _Probe:
 
 def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Sequence[str],
               context_ids: Sequence[int], repeats: int = 5, progress: bool = False,
-              sampling: Any = None, seed: int = 0, sessions: tuple[Any, Any] | None = None) -> Calibration:
+              sampling: Any = None, seed: int = 0, sessions: tuple[Any, Any] | None = None,
+              between_rounds: Callable[[int, int], None] | None = None) -> Calibration:
     """Time every part of formula (1) in ONE short interleaved run; -> :class:`Calibration`.
 
     Opens a target and a draft session (:func:`mdv.models.session.open_session`, or ``sessions``: two
@@ -499,6 +500,10 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
       checks; single-draft methods at K = 1 only.
 
     ``sampling``: a :class:`~mdv.models.sampling.SamplingConfig` whose law is timed (default T = 1).
+    ``between_rounds(r, rounds)``: called after each round r = 0..rounds-1 (outside every timed call, the
+    sessions untouched): other work interleaved with the calibration, e.g. the speed check's generations
+    (:mod:`mdv.paired.speedcheck`), so that both see the same machine (on a shared machine the speed of
+    compute-bound passes drifts by tens of percent over minutes, and not alike for every part).
     On return the sessions hold ``len(context_ids) − 1`` (target) and ``len(context_ids)`` (draft)
     tokens in one row, as after the prefill.
 
@@ -646,6 +651,8 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
                     if r:
                         times[probe.key].append(t)
                     bar.update(1)
+                if between_rounds is not None:
+                    between_rounds(r, rounds)
         if tgt.length != n0 or tgt.rows != 1 or drf.length != n0 + 1 or drf.rows != 1:  # pragma: no cover
             raise RuntimeError(f"calibrate() left the sessions at ({tgt.length}, {tgt.rows}) / ({drf.length},"
                                f" {drf.rows}) tokens/rows; expected ({n0}, 1) / ({n0 + 1}, 1)")

@@ -280,7 +280,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     prompt_sets: dict[str, Any] = {}
     formatted: dict[str, list[list[int]]] = {}
     models = None
-    from mdv.paired.speedcheck import check_is_current, speed_check
+    from mdv.paired.speedcheck import check_is_current, finish_speed_check, start_speed_check
 
     check_todo = not check_is_current(run_cfg, out, datasets)
     if pending or check_todo or (cfg.calibration is not None
@@ -299,8 +299,10 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
             prompt_sets[name] = S.load_prompt_set(loader, name, n, run_cfg.dataset.source)
             formatted[name] = S.format_dataset_prompts(name, prompt_sets[name], n, models, formatter,
                                                        cfg.L_max + cfg.n_tokens)
-    calibration_file = prepare_calibration(run_cfg, out, models, formatted)
-    check_file = speed_check(run_cfg, out, models, formatted, datasets)  # alone, before any helper starts
+    # the calibration and the speed check, interleaved, before any helper starts
+    pending_check = start_speed_check(run_cfg, out, models, formatted, datasets)
+    calibration_file = prepare_calibration(run_cfg, out, models, formatted, check=pending_check)
+    check_file = finish_speed_check(run_cfg, out, models, pending_check)
     skipped = [rid for *_, rid in todo if rid in done]
     from mdv.tracking import NullTracker
 
@@ -446,18 +448,22 @@ def calibration_context(run_cfg: Any, formatted: dict[str, list[list[int]]]) -> 
     return (pool * (length // len(pool) + 1))[:length]
 
 
-def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]]
-                        ) -> Optional[Path]:
+def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]],
+                        check: Any = None) -> Optional[Path]:
     """The calibration the report predicts speedups with, as ``<out>/calibration.json``.
 
     ``paired.calibration`` (a file): loaded and checked against this machine and models (a mismatch is
     one :class:`~mdv.errors.InvalidInputError`), copied there.  Else, with ``paired.calibrate``: an
     existing ``calibration.json`` that matches (machine, models, context length) is reused, otherwise this
     machine is calibrated: one short interleaved run (:func:`mdv.paired.cost.calibrate`) at a context of
-    the predicted runs' median length (:func:`calibration_context`).
+    the predicted runs' median length (:func:`calibration_context`).  ``check``: a speed check being
+    measured (:class:`mdv.paired.speedcheck.PendingCheck`); this machine is then recalibrated with the
+    check's rounds spread between the calibration's (:func:`mdv.paired.speedcheck.spread_rounds`), so the
+    prediction and its check see the same machine.
     """
     from mdv.models.sampling import SamplingConfig
     from mdv.paired.cost import calibrate, load_calibration
+    from mdv.paired.speedcheck import spread_rounds
 
     cfg: PairedConfig = run_cfg.paired
     path = out / CALIBRATION_FILE
@@ -472,10 +478,13 @@ def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[st
     context = calibration_context(run_cfg, formatted)
     try:
         old = load_calibration(path, target=models.target, draft=models.draft)
-        if old.settings.get("context_length") == len(context):
+        if old.settings.get("context_length") != len(context):
+            log.warning("recalibrating: the stored calibration was timed at a %s-token context, this run's"
+                        " contexts call for %d", old.settings.get("context_length"), len(context))
+        elif check is not None:
+            log.info("recalibrating alongside the speed check being measured")
+        else:
             return path
-        log.warning("recalibrating: the stored calibration was timed at a %s-token context, this run's contexts"
-                    " call for %d", old.settings.get("context_length"), len(context))
     except MdvError as e:
         if path.exists():
             log.warning("recalibrating: %s", e)
@@ -484,7 +493,8 @@ def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[st
              cfg.L_max, len(context))
     cal = calibrate(models.target, models.draft, K_max=cfg.K_max, L_max=cfg.L_max, methods=cfg.methods,
                     context_ids=context, repeats=cfg.calibration_repeats, progress=run_cfg.progress,
-                    sampling=SamplingConfig(T, run_cfg.sampling.top_k, run_cfg.sampling.top_p))
+                    sampling=SamplingConfig(T, run_cfg.sampling.top_k, run_cfg.sampling.top_p),
+                    between_rounds=spread_rounds(check.runner) if check is not None else None)
     cal.save(path)
     return path
 

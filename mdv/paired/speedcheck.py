@@ -26,7 +26,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from mdv.paired.config import SpeedCheckConfig
 
@@ -37,8 +37,9 @@ FILE = "speedcheck.json"
 
 Cell = tuple[str, int, int]  # (method, K, L); ("ar", 1, 1) is the baseline
 
-__all__ = ["Cell", "FILE", "SCHEMA", "SpeedCheckPrompt", "check_cells", "check_is_current", "check_settings",
-           "read_check", "run_speed_check", "speed_check"]
+__all__ = ["Cell", "FILE", "InterleavedCheck", "PendingCheck", "SCHEMA", "SpeedCheckPrompt", "check_cells",
+           "check_is_current", "check_settings", "finish_speed_check", "read_check", "run_speed_check",
+           "speed_check", "spread_rounds", "start_speed_check"]
 
 
 @dataclass(frozen=True)
@@ -64,38 +65,75 @@ def check_cells(cfg: SpeedCheckConfig) -> list[Cell]:
     return cells
 
 
+class InterleavedCheck:
+    """The check's generations, one round (prompt) at a time: round 0 is an untimed warm-up on prompts[0],
+    round i >= 1 runs every cell on prompts[i - 1], the cell order rotated by i (so a drift of the
+    machine's load hits every cell alike).  :meth:`run_round` can be called between other work (the
+    calibration's rounds); :meth:`result` gives the generations once every round ran."""
+
+    def __init__(self, target: Any, draft: Any, prompts: Sequence[SpeedCheckPrompt], cells: Sequence[Cell], *,
+                 n_tokens: int, temperature: float, top_k: Optional[int] = None, top_p: Optional[float] = None,
+                 progress: bool = False) -> None:
+        from mdv.sweep import _tqdm
+
+        self.target, self.draft, self.cells = target, draft, list(cells)
+        self.rounds = [prompts[0], *prompts]
+        self.kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_new_tokens": n_tokens,
+                   "eos_token_id": []}
+        self.done: list[bool] = [False] * len(self.rounds)
+        self.with_calibration = False  # set by spread_rounds
+        self.gens: list[dict[str, Any]] = []
+        self.bar = _tqdm(progress, total=len(self.rounds) * len(self.cells), desc="speed check", position=0)
+        self.t0 = time.perf_counter()
+
+    def run_round(self, i: int) -> None:
+        from mdv.engine import generate
+
+        pr = self.rounds[i]
+        s = i % len(self.cells)
+        for m, K, L in self.cells[s:] + self.cells[:s]:
+            self.bar.set_postfix_str(f"{'warm-up' if i == 0 else pr.dataset + ' #' + str(pr.index)} {m} K={K}"
+                                     f" L={L}", refresh=False)
+            r = generate(self.target, None if m == "ar" else self.draft, pr.ids, m, K=K, L=L, seed=pr.seed,
+                         **self.kw)
+            if i:  # the warm-up is left out
+                self.gens.append({"dataset": pr.dataset, "prompt_index": pr.index, "method": m, "K": K, "L": L,
+                                  "stats": r.stats})
+            self.bar.update(1)
+        self.done[i] = True
+
+    def result(self) -> dict[str, Any]:
+        """{"generations": [{dataset, prompt_index, method, K, L, stats}], "wall_seconds"}."""
+        self.bar.close()
+        if not all(self.done):
+            raise RuntimeError(f"speed check rounds {[i for i, d in enumerate(self.done) if not d]} never ran")
+        return {"generations": self.gens, "wall_seconds": time.perf_counter() - self.t0}
+
+
 def run_speed_check(target: Any, draft: Any, prompts: Sequence[SpeedCheckPrompt], cells: Sequence[Cell], *,
                     n_tokens: int, temperature: float, top_k: Optional[int] = None, top_p: Optional[float] = None,
                     progress: bool = False) -> dict[str, Any]:
-    """Every cell on every prompt, interleaved (module doc), after one untimed warm-up round on prompts[0].
-    -> {"generations": [{dataset, prompt_index, method, K, L, stats}], "warmup_s", "wall_seconds"}."""
-    from mdv.bench import interleaved_generations
-    from mdv.engine import generate
-    from mdv.sweep import _tqdm
+    """Every cell on every prompt, interleaved (module doc), after one untimed warm-up round on prompts[0]."""
+    check = InterleavedCheck(target, draft, prompts, cells, n_tokens=n_tokens, temperature=temperature,
+                             top_k=top_k, top_p=top_p, progress=progress)
+    for i in range(len(check.rounds)):
+        check.run_round(i)
+    return check.result()
 
-    t0 = time.perf_counter()
-    rounds = [prompts[0], *prompts]  # round 0 is the warm-up
-    bar = _tqdm(progress, total=len(rounds) * len(cells), desc="speed check", position=0)
 
-    def run_cell(cell: Cell, i: int, pr: SpeedCheckPrompt) -> dict[str, Any]:
-        m, K, L = cell
-        bar.set_postfix_str(f"{'warm-up' if i == 0 else pr.dataset + ' #' + str(pr.index)} {m} K={K} L={L}",
-                            refresh=False)
-        r = generate(target, None if m == "ar" else draft, pr.ids, m, K=K, L=L, temperature=temperature,
-                     top_k=top_k, top_p=top_p, max_new_tokens=n_tokens, seed=pr.seed, eos_token_id=[])
-        bar.update(1)
-        return r.stats
+def spread_rounds(check: InterleavedCheck) -> Callable[[int, int], None]:
+    """A ``between_rounds`` hook for :func:`mdv.paired.cost.calibrate` that runs the check's J rounds
+    spread evenly over the calibration's R rounds (round j after calibration round j·R // J; any left
+    after the last)."""
+    J = len(check.rounds)
+    check.with_calibration = True
 
-    try:
-        stats = interleaved_generations(list(cells), rounds, run_cell)
-    finally:
-        bar.close()
-    gens = []
-    for (m, K, L), per_round in stats.items():
-        for pr, s in zip(prompts, per_round[1:]):  # leave the warm-up out
-            gens.append({"dataset": pr.dataset, "prompt_index": pr.index, "method": m, "K": K, "L": L,
-                         "stats": s})
-    return {"generations": gens, "wall_seconds": time.perf_counter() - t0}
+    def hook(r: int, R: int) -> None:
+        for j in range(J):
+            if not check.done[j] and (j * R // J <= r or r == R - 1):
+                check.run_round(j)
+
+    return hook
 
 
 def read_check(path: Path) -> Optional[dict[str, Any]]:
@@ -142,28 +180,30 @@ def check_is_current(run_cfg: Any, out: Path, datasets: Sequence[str]) -> bool:
             and old.get("machine") == machine_fingerprint(_device_of(run_cfg)))
 
 
-def speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]],
-                datasets: Sequence[str]) -> Optional[Path]:
-    """Run (or reuse) the speed check of ``run_cfg.paired.speed_check`` into ``out/speedcheck.json``.
+@dataclass
+class PendingCheck:
+    """A speed check to be measured: its settings (stored with the result) and its stepwise runner."""
+
+    settings: dict[str, Any]
+    runner: InterleavedCheck
+
+
+def start_speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]],
+                      datasets: Sequence[str]) -> Optional[PendingCheck]:
+    """The speed check of ``run_cfg.paired.speed_check`` to measure now, or None: disabled, already
+    current in ``out/speedcheck.json`` (:func:`check_is_current`), or nothing loaded (``models`` None).
 
     ``formatted``: dataset -> the paired run's formatted prompt ids (at least ``n_prompts`` per checked
-    dataset); ``datasets``: the paired run's dataset names (the check's default).  Reused when
-    :func:`check_is_current`; otherwise measured, which needs ``models`` (None: nothing was loaded and the
-    stored file, if any, is kept).  -> the file, or None when the check is disabled or absent.
+    dataset); ``datasets``: the paired run's dataset names (the check's default).  Its rounds run
+    interleaved with the calibration (:func:`spread_rounds`) or alone in :func:`finish_speed_check`.
     """
     from mdv.errors import InvalidInputError
-    from mdv.paired.cost import machine_fingerprint
-    from mdv.sweep import prompt_seed, write_json_atomic
+    from mdv.sweep import prompt_seed
 
     cfg: SpeedCheckConfig = run_cfg.paired.speed_check
-    path = out / FILE
-    if not cfg.enabled:
+    if not cfg.enabled or models is None or check_is_current(run_cfg, out, datasets):
         return None
-    if check_is_current(run_cfg, out, datasets):
-        return path
-    if models is None:
-        return path if read_check(path) is not None else None
-    if read_check(path) is not None:
+    if read_check(out / FILE) is not None:
         log.warning("redoing the speed check: other settings, or made on another machine")
     settings = _settings_of(run_cfg, datasets)
     seed = settings["seed"]
@@ -178,9 +218,36 @@ def speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[
     cells = check_cells(cfg)
     log.info("speed check: %d cells x %d prompts x %d tokens, interleaved", len(cells), len(prompts),
              settings["n_tokens"])
-    body = run_speed_check(models.target, models.draft, prompts, cells, n_tokens=settings["n_tokens"],
-                           temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
-                           progress=run_cfg.progress)
-    write_json_atomic(path, {"schema": SCHEMA, "settings": settings, "machine": machine_fingerprint(models.device),
+    runner = InterleavedCheck(models.target, models.draft, prompts, cells, n_tokens=settings["n_tokens"],
+                              temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
+                              progress=run_cfg.progress)
+    return PendingCheck(settings, runner)
+
+
+def finish_speed_check(run_cfg: Any, out: Path, models: Any, pending: Optional[PendingCheck]) -> Optional[Path]:
+    """Run what ``pending`` has left (all of it when no calibration took its rounds) and write
+    ``out/speedcheck.json``.  -> that file, or None when the check is disabled or absent."""
+    from mdv.paired.cost import machine_fingerprint
+    from mdv.sweep import write_json_atomic
+
+    path = out / FILE
+    if not run_cfg.paired.speed_check.enabled:
+        return None
+    if pending is None:
+        return path if read_check(path) is not None else None
+    for j, done in enumerate(pending.runner.done):
+        if not done:
+            pending.runner.run_round(j)
+    body = pending.runner.result()
+    body["interleaved_with_calibration"] = pending.runner.with_calibration
+    write_json_atomic(path, {"schema": SCHEMA, "settings": pending.settings,
+                             "machine": machine_fingerprint(models.device),
                              "models": {"target": models.target_name, "draft": models.draft_name}, **body})
     return path
+
+
+def speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]],
+                datasets: Sequence[str]) -> Optional[Path]:
+    """The speed check alone (no calibration beside it): :func:`start_speed_check` then
+    :func:`finish_speed_check`."""
+    return finish_speed_check(run_cfg, out, models, start_speed_check(run_cfg, out, models, formatted, datasets))
