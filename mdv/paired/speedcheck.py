@@ -13,6 +13,11 @@ the same prompts, so the prediction error can be read off:
 * **Fixed length.**  EOS is ignored, so every generation emits exactly ``n_tokens`` tokens and the cut of
   the last iteration is the one :mod:`mdv.paired.renewal` predicts.
 * **Warm-up.**  One untimed round of every cell on the first prompt before the timed ones.
+* **Beside the calibration.**  When the run calibrates too, the check's rounds run between the
+  calibration's rounds (:func:`spread_rounds`, ``calibrate(between_rounds=...)``): on a shared machine the
+  speed of compute-bound passes drifts by tens of percent over minutes (measured here: the same 3-token
+  target pass 102-106 ms, a minute later 67-75 ms), and not alike for every part, so a calibration taken
+  minutes before its check predicts another machine.
 
 Result: ``<results_dir>/paired/speedcheck.json`` (schema ``mdv.paired.speedcheck/1``), written atomically;
 a rerun with the same settings, models and machine reuses it.  Per generation: dataset, prompt index,
