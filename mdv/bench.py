@@ -803,6 +803,12 @@ def _e2e_cells(cfg: E2EBench) -> list[tuple[str, int | None, int | None]]:
     return cells
 
 
+def rotated(cells: Sequence[Any], i: int) -> list[Any]:
+    """The cells in the order of round i: rotated left by i (mod the count)."""
+    s = i % len(cells)
+    return list(cells[s:]) + list(cells[:s])
+
+
 def interleaved_generations(cells: Sequence[Any], prompts: Sequence[list[int]],
                             run_cell: Callable[[Any, int, list[int]], dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
     """Every cell on every prompt, prompt by prompt, the cell order rotated by one per prompt (so machine
@@ -810,7 +816,7 @@ def interleaved_generations(cells: Sequence[Any], prompts: Sequence[list[int]],
     -> cell -> stats per prompt, in prompt order (prompt 0 is the warm-up the callers leave out of timings)."""
     stats: dict[Any, list[dict[str, Any]]] = {c: [] for c in cells}
     for i, ids in enumerate(prompts):
-        for cell in list(cells[i % len(cells):]) + list(cells[:i % len(cells)]):
+        for cell in rotated(cells, i):
             stats[cell].append(run_cell(cell, i, ids))
     return stats
 
@@ -1162,7 +1168,7 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
 
 
 __all__ = ["Benchmark", "BenchConfig", "E2EBench", "MemoryBench", "OracleBench", "PairKind", "TargetPassBench",
-           "TinyPair", "VerifierBench", "decode_step_times", "environment", "interleaved", "interleaved_generations",
+           "TinyPair", "VerifierBench", "decode_step_times", "environment", "interleaved", "interleaved_generations", "rotated",
            "largest_size", "print_table", "prompt_ids", "run", "run_e2e", "run_memory", "run_oracle",
            "run_target_pass", "run_verifier", "spread", "synthetic_block", "time_call",
            "validate", "write_json"]

@@ -150,20 +150,19 @@ def conditional_acceptance(method: str, block: Block, lumped: bool = False) -> C
         block = lump_undrafted(block)
     K_max, L_max = block.K, block.L
     etau, reach = _empty(K_max, L_max)
+    if cls.multi_draft and cls.drafts_in_sequence:  # step 4: every K from one pass per L
+        for L in range(1, L_max + 1):
+            v = cls()
+            law = v.acceptance_laws_upto_K(sub_block(block, K_max, L), v.initial_state())[0]  # [K_max, L+1]
+            for K in range(1, K_max + 1):
+                etau[K - 1, L - 1], reach[K - 1, L - 1, :L] = _law_moments(law[K - 1])
+        return ConditionalAcceptance(method, etau, reach)
     for K in range(1, (K_max if cls.multi_draft else 1) + 1):
-        if cls.prefix_consistent:
+        if cls.prefix_consistent:  # step 2: one law per K
             _, r = _moments(cls(), sub_block(block, K, L_max))
             for L in range(1, L_max + 1):
                 etau[K - 1, L - 1] = float(r[:L].sum())
                 reach[K - 1, L - 1, :L] = r[:L]
-            continue
-        if cls.drafts_in_sequence:
-            if K == 1:  # every K at once below
-                for L in range(1, L_max + 1):
-                    v = cls()
-                    law = v.acceptance_laws_upto_K(sub_block(block, K_max, L), v.initial_state())[0]  # [K, L+1]
-                    for k in range(1, K_max + 1):
-                        etau[k - 1, L - 1], reach[k - 1, L - 1, :L] = _law_moments(law[k - 1])
             continue
         for L in range(1, L_max + 1):
             e, r = _moments(cls(), sub_block(block, K, L))

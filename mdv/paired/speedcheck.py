@@ -5,7 +5,7 @@ iteration] from the paired contexts.  This module measures the same SR on real `
 the same prompts, so the prediction error can be read off:
 
 * **Interleaved.**  Prompt by prompt, AR and every cell run once each, the order rotated by one per
-  prompt (:func:`mdv.bench.interleaved_generations`), so a drift of the machine's load hits every cell
+  prompt (:func:`mdv.bench.rotated`, as the e2e benchmark does), so a drift of the machine's load hits every cell
   alike and the per-prompt ratio AR seconds ÷ method seconds cancels it.  A sweep's cells run one after
   the other and cannot do that: there a load change between two cells is read as a speedup.
 * **Same prompts, same seeds.**  The first ``n_prompts`` prompts of each dataset of the paired run
@@ -43,8 +43,8 @@ FILE = "speedcheck.json"
 Cell = tuple[str, int, int]  # (method, K, L); ("ar", 1, 1) is the baseline
 
 __all__ = ["Cell", "FILE", "InterleavedCheck", "PendingCheck", "SCHEMA", "SpeedCheckPrompt", "check_cells",
-           "check_is_current", "check_settings", "finish_speed_check", "read_check", "run_speed_check",
-           "speed_check", "spread_rounds", "start_speed_check"]
+           "check_is_current", "check_settings", "finish_speed_check", "read_check", "spread_rounds",
+           "start_speed_check"]
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,10 @@ class InterleavedCheck:
     def run_round(self, i: int) -> None:
         from mdv.engine import generate
 
+        from mdv.bench import rotated
+
         pr = self.rounds[i]
-        s = i % len(self.cells)
-        for m, K, L in self.cells[s:] + self.cells[:s]:
+        for m, K, L in rotated(self.cells, i):
             self.bar.set_postfix_str(f"{'warm-up' if i == 0 else pr.dataset + ' #' + str(pr.index)} {m} K={K}"
                                      f" L={L}", refresh=False)
             r = generate(self.target, None if m == "ar" else self.draft, pr.ids, m, K=K, L=L, seed=pr.seed,
@@ -113,17 +114,6 @@ class InterleavedCheck:
         if not all(self.done):
             raise RuntimeError(f"speed check rounds {[i for i, d in enumerate(self.done) if not d]} never ran")
         return {"generations": self.gens, "wall_seconds": time.perf_counter() - self.t0}
-
-
-def run_speed_check(target: Any, draft: Any, prompts: Sequence[SpeedCheckPrompt], cells: Sequence[Cell], *,
-                    n_tokens: int, temperature: float, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                    progress: bool = False) -> dict[str, Any]:
-    """Every cell on every prompt, interleaved (module doc), after one untimed warm-up round on prompts[0]."""
-    check = InterleavedCheck(target, draft, prompts, cells, n_tokens=n_tokens, temperature=temperature,
-                             top_k=top_k, top_p=top_p, progress=progress)
-    for i in range(len(check.rounds)):
-        check.run_round(i)
-    return check.result()
 
 
 def spread_rounds(check: InterleavedCheck) -> Callable[[int, int], None]:
@@ -159,9 +149,10 @@ def check_settings(cfg: SpeedCheckConfig, *, datasets: Sequence[str], n_tokens: 
 
 
 def _device_of(run_cfg: Any) -> str:
-    import torch
+    """The device ``mdv.sweep.load_models`` puts the models on."""
+    from mdv.models.hf import default_device
 
-    return run_cfg.models.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return str(run_cfg.models.device or default_device())
 
 
 def _settings_of(run_cfg: Any, datasets: Sequence[str]) -> dict[str, Any]:
@@ -250,9 +241,3 @@ def finish_speed_check(run_cfg: Any, out: Path, models: Any, pending: Optional[P
                              "models": {"target": models.target_name, "draft": models.draft_name}, **body})
     return path
 
-
-def speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]],
-                datasets: Sequence[str]) -> Optional[Path]:
-    """The speed check alone (no calibration beside it): :func:`start_speed_check` then
-    :func:`finish_speed_check`."""
-    return finish_speed_check(run_cfg, out, models, start_speed_check(run_cfg, out, models, formatted, datasets))
