@@ -1125,10 +1125,12 @@ def run_paired_benchmark(cfg: PairedBench, threads: int, tiny: TinyPair) -> dict
     (print_table(f"paired measurement: {res['contexts']} contexts, {res['prompts']} prompts, K_max={cfg.K_max},"
                       f" L_max={cfg.L_max}, {cfg.workers} process(es)", ["part", "seconds", "share"],
                       [[k, f"{v:.1f}", f"{res['share'][k]:.1%}"] for k, v in res["seconds"].items()]))
-    print(f"  {res['contexts_per_second']:.2f} contexts/s, {res['seconds_per_context']:.2f} s per context", flush=True)
+    print(f"  {res['contexts_per_second']:.2f} contexts/s, {res['seconds_per_context']:.2f} s per context;"
+          f" trajectories: {res['trajectory_target_steps']} target steps for {res['trajectory_tokens']} tokens"
+          " (the rest read from the tree passes)", flush=True)
     goal = _goal(res["goal"]["goal"], res["wall_seconds"], cfg.goal_seconds, unit=" s",
                  why="each context: a K_max-row draft of L_max steps + one tree pass of up to K_max·L_max+1 nodes;"
-                     " each prompt: n_tokens AR steps for its trajectory")
+                     " each trajectory token off the drafts' paths: one AR target step")
     _print_goals([goal])
     return _record("paired", cfg, "cpu", "float32", res, {"contexts_per_second": res["contexts_per_second"]}, [goal],
                    wall_seconds=time.perf_counter() - t0)

@@ -623,8 +623,10 @@ def section_paired(rec: Record) -> list[str]:
              f" generated tokens each, a context every {cfg.get('stride', '?')}: {res.get('contexts', '?')} contexts;"
              f" K_max = {cfg.get('K_max', '?')}, L_max = {cfg.get('L_max', '?')}, {cfg.get('workers', 1)} process(es);"
              f" {fmt(res.get('wall_seconds'))} s, {fmt(res.get('contexts_per_second'))} contexts/s. Each context costs a"
-             " K_max-row draft of L_max steps and one target tree pass of up to K_max·L_max + 1 nodes; each prompt"
-             " n_tokens AR target steps for its trajectory.", ""]
+             " K_max-row draft of L_max steps and one target tree pass of up to K_max·L_max + 1 nodes; each"
+             " trajectory token off the drafts' paths one AR target step"
+             + (f" ({res['trajectory_target_steps']} steps for {res['trajectory_tokens']} tokens, the rest read from"
+                " the tree passes)." if "trajectory_tokens" in res else "."), ""]
     share, secs = res.get("share") or {}, res.get("seconds") or {}
     lines += md_table(["part", "seconds", "share"], [[k, fmt(secs.get(k)), f"{float(v):.1%}"] for k, v in share.items()])
     return lines

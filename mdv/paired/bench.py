@@ -4,7 +4,8 @@ per second and the share of time in trajectories, draft, target and each verifie
 The issue's setting: 5 datasets x 10 prompts x 64 generated tokens (a context every 4), K_max = 4,
 L_max = 8, all six verifiers; goal: at most 6 minutes on 2 cores.  Physical limits stated next to the
 figures: every context costs one K_max-row draft of L_max steps and one target tree pass of up to
-K_max·L_max + 1 nodes, and every prompt ``n_tokens`` AR target steps for its trajectory.
+K_max·L_max + 1 nodes, and every trajectory token off the drafts' paths one AR target step (the rest reuse
+the tree pass's laws, :mod:`mdv.paired.trajectory`).
 """
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ def run_paired_bench(cfg: PairedBench, *, threads: int = 1, tiny: Any = None) ->
         t0 = time.perf_counter()
         report = run_paired(run)
         wall = time.perf_counter() - t0
-        data = collect(load_records(run.results_dir))[0]
+        records = load_records(run.results_dir)
+        data = collect(records)[0]
+    traj_tokens = sum(len(r["trajectory"]["tokens"]) for r in records)
+    traj_steps = sum(r["trajectory"].get("target_steps", len(r["trajectory"]["tokens"])) for r in records)
     t = data.timing
     measured = t.get("wall_s", wall)  # summed over records (over processes when workers > 1)
     laws = {k.split("/", 1)[1]: v for k, v in t.items() if k.startswith("laws/")}
@@ -64,6 +68,7 @@ def run_paired_bench(cfg: PairedBench, *, threads: int = 1, tiny: Any = None) ->
     return {"wall_seconds": wall, "contexts": data.n, "prompts": data.n_prompts, "records_failed": len(report.failed),
             "contexts_per_second": data.n / wall, "seconds_per_context": wall / data.n,
             "share": {k: v / measured for k, v in parts.items()}, "seconds": parts,
+            "trajectory_tokens": traj_tokens, "trajectory_target_steps": traj_steps,
             "goal": {"goal": f"paired run <= {cfg.goal_seconds:g} s", "value": wall, "limit": cfg.goal_seconds,
                      "met": wall <= cfg.goal_seconds}}
 

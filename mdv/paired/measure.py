@@ -3,8 +3,10 @@ every verifier's exact conditional acceptance on the same drafts.
 
 For prompt i of a dataset (sampling transform T, top-k, top-p of the run):
 
-1. **Trajectory.**  ``mdv.generate(target, None, prompt, "ar", ..., seed=prompt_seed(seed, i))`` samples
-   ``n_tokens`` tokens from the target alone (recorded).  Contexts are ``prompt + trajectory[:j]`` for
+1. **Trajectory.**  ``n_tokens`` tokens sampled from the target alone (recorded with their seed
+   ``prompt_seed(seed, i)``): the tokens ``mdv.generate(target, None, prompt, "ar", seed=...)`` gives,
+   with the laws that the previous context's tree pass already holds reused instead of recomputed
+   (:mod:`mdv.paired.trajectory`).  Contexts are ``prompt + trajectory[:j]`` for
    j = 0, stride, 2·stride, ... < len(trajectory): they follow the target's law, like the contexts of a
    lossless generation.
 2. **Drafts.**  At each context the draft proposes K_max i.i.d. blocks of length L_max in one K-row batch
@@ -156,23 +158,23 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
     [K_max, L_max], α*_K at L = 1 [K_max], and per method ``etau`` [K_max, L_max] and ``reach``
     [K_max, L_max, L_max] (reach[K-1][L-1][i-1] = P(tau ≥ i) at (K, L), i ≤ L); NaN (null) where a
     single-draft method does not run and for i > L."""
-    from mdv.engine import generate
+    from mdv.engine import _eos_set, max_context
     from mdv.models.sampling import SamplingConfig
+    from mdv.paired.trajectory import TreeTrajectory
 
     K_max, L_max = cfg.K_max, cfg.L_max
     sampling = SamplingConfig(temperature, top_k, top_p)
     timing = PromptTiming(laws_s={m: 0.0 for m in cfg.methods})
-    t0 = time.perf_counter()
-    traj = generate(target, None, list(prompt_ids), "ar", temperature=temperature, top_k=top_k, top_p=top_p,
-                    max_new_tokens=cfg.n_tokens, seed=seed).tokens
-    timing.trajectory_s = time.perf_counter() - t0
-    offsets = contexts_of(len(traj), cfg.stride)
-
     probe = ContextProbe(target, draft, prompt_ids, sampling, seed=int(seed) + DRAFT_SEED_OFFSET)
     timing.prefill_s = probe.prefill_s
+    traj = TreeTrajectory(probe.tgt, prompt_ids, sampling, seed=seed, max_new_tokens=cfg.n_tokens,
+                          eos=_eos_set(None, target), ctx=max_context(target))
     contexts: list[dict[str, Any]] = []
-    for n_done, j in enumerate(offsets):
-        seq = list(prompt_ids) + list(traj[:j])
+    # a context every `stride` tokens while the trajectory goes on (contexts_of); the trajectory's next
+    # `stride` tokens reuse the laws of the context's tree pass (mdv.paired.trajectory)
+    while True:
+        j = len(traj.tokens)
+        seq = list(prompt_ids) + traj.tokens
         m = probe.measure(seq, K_max, L_max, cfg.methods, timing, optimum_draws=cfg.optimum_draws)
         contexts.append({
             "offset": j, "context_length": len(seq), "drafts": m.block.tokens[0].tolist(),
@@ -181,9 +183,16 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
             "etau": {k: c.etau.tolist() for k, c in m.conditional.items()},
             "reach": {k: c.reach.tolist() for k, c in m.conditional.items()},
         })
+        t0 = time.perf_counter()
+        traj.advance(cfg.stride, m.block.tokens[0], m.block.p[0])
+        timing.trajectory_s += time.perf_counter() - t0
         if progress is not None:
-            progress(n_done + 1, len(offsets))
-    return {"trajectory": {"seed": int(seed), "tokens": [int(t) for t in traj]},
+            progress(len(contexts), len(contexts_of(cfg.n_tokens, cfg.stride)))  # at most that many: EOS ends early
+        if traj.stopped:
+            break
+    assert [c["offset"] for c in contexts] == contexts_of(len(traj.tokens), cfg.stride)
+    return {"trajectory": {"seed": int(seed), "tokens": [int(t) for t in traj.tokens],
+                           "target_steps": traj.target_steps, "reused_laws": traj.reused},
             "draft_seed": int(seed) + DRAFT_SEED_OFFSET, "contexts": contexts, "timing": asdict(timing)}
 
 

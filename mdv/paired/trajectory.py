@@ -1,0 +1,103 @@
+"""The paired measurement's target trajectory, sampled from the target alone, reading the target laws a
+context's tree pass already holds.
+
+A trajectory is plain autoregressive sampling from the target under the run's transform:
+
+    x_{j+1} ~ p(. | prompt, x_1..x_j),    one uniform u_j per token,  x = F_p^{-1}(u_j)
+
+exactly as ``mdv.generate(target, None, prompt, "ar", seed=s)`` does it (:func:`mdv.engine._decode_ar`:
+the same seeded generator, the same float64 uniform per token, the same inverse-CDF draw).  What differs
+is only *where the law p comes from*.  At a measured context c the token-tree pass has scored every
+draft prefix: ``p[k, d] = p(. | c, D_k,<d+1)`` (:func:`mdv.engine.score_drafts`).  So while the
+trajectory's new tokens after c are a prefix ``D_k,<d+1`` of some draft, the next law is already known
+and costs no target call; once the trajectory leaves every draft path (or d > L_max) it takes ordinary
+target steps on the same KV-cache session.  Every token is still drawn from the target's own conditional
+given the trajectory so far -- the draft only decides which conditionals were computed before -- so the
+trajectory's law is the target's AR law, and with the same seed it is the token sequence ``generate``
+gives (up to float32 rounding between a tree pass and a one-token pass, which flips a draw only when a
+uniform falls within ~1e-6 of a CDF step).  The drafts of the next context are drawn after these tokens
+are fixed, from an independent generator, so contexts and drafts keep the law of module
+:mod:`mdv.paired.measure`.
+
+Cost: one target call per token not on a draft path instead of one per token.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from mdv.models.sampling import SamplingConfig
+from mdv.models.session import DecodeSession
+from mdv.verify._math import categorical
+
+
+class TreeTrajectory:
+    """Sampled target trajectory after ``prompt`` (module doc), advanced between measured contexts.
+
+    session: the target's decode session, shared with the context probe (between contexts it holds a
+    prefix of ``prompt + tokens``, at least the last token pending, and one row).  ``advance`` appends up
+    to ``n`` tokens; it stops for good at an EOS token, at ``max_new_tokens`` or at the model context
+    ``ctx`` (the stops of :func:`mdv.engine._decode_ar`; the context stop is known as soon as the last
+    token fits, so no context is measured where ``generate`` would not have gone on).
+    """
+
+    def __init__(self, session: DecodeSession, prompt: Sequence[int], sampling: SamplingConfig, *, seed: int,
+                 max_new_tokens: int, eos: frozenset[int], ctx: Optional[int]):
+        self.session, self.prompt, self.sampling = session, list(prompt), sampling
+        self.max_new_tokens, self.eos, self.ctx = int(max_new_tokens), eos, ctx
+        self.generator = torch.Generator(device=session.device)
+        self.generator.manual_seed(int(seed))
+        self.tokens: list[int] = []
+        self.stopped = False
+        self.target_steps = 0  # target calls made for the trajectory (tokens off every draft path)
+        self.reused = 0  # tokens whose law came from a tree pass
+
+    def advance(self, n: int, drafts: Optional[Tensor] = None, p: Optional[Tensor] = None) -> None:
+        """Append up to ``n`` tokens.  drafts [K, L] int64 and p [K, L+1, V] float64: the last tree pass
+        at the context ``prompt + tokens`` (as it is when called), whose laws are reused where they hold
+        (None: target steps only)."""
+        start = len(self.tokens)
+        with torch.inference_mode():
+            for _ in range(n):
+                seq_len = len(self.prompt) + len(self.tokens)
+                if self.stopped or (self.ctx is not None and seq_len >= self.ctx):
+                    self.stopped = True
+                    return
+                law = self._known_law(self.tokens[start:], drafts, p)
+                if law is None:
+                    law = self._target_step()
+                else:
+                    self.reused += 1
+                u = torch.rand(1, generator=self.generator, dtype=torch.float64, device=self.generator.device)
+                token = int(categorical(law.to(u.device).unsqueeze(0), u)[0])
+                self.tokens.append(token)
+                if (token in self.eos or len(self.tokens) >= self.max_new_tokens
+                        or (self.ctx is not None and seq_len + 1 >= self.ctx)):
+                    self.stopped = True
+                    return
+
+    @staticmethod
+    def _known_law(new: list[int], drafts: Optional[Tensor], p: Optional[Tensor]) -> Optional[Tensor]:
+        """p(. | context, new) from the tree pass when ``new`` is a prefix of a draft; else None."""
+        if drafts is None or p is None:
+            return None
+        d = len(new)
+        if d == 0:
+            return p[0, 0]  # every row starts at the context
+        if d > drafts.shape[1]:
+            return None
+        on_path = (drafts[:, :d] == torch.tensor(new, dtype=drafts.dtype)).all(1).nonzero()
+        return p[int(on_path[0, 0]), d] if len(on_path) else None
+
+    def _target_step(self) -> Tensor:
+        """One target call on the shared session: feed the pending tokens, -> the law of the next [V]."""
+        seq = self.prompt + self.tokens
+        pending = torch.tensor([seq[self.session.length:]], dtype=torch.long, device=self.session.device)  # [1, n]
+        logits = self.session.extend(pending)[:, -1]  # [1, V]
+        self.target_steps += 1
+        return self.sampling.probs(logits)[0]
+
+
+__all__ = ["TreeTrajectory"]
