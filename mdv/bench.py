@@ -207,7 +207,7 @@ class MemoryBench:
 
 @dataclass
 class TinyPair:
-    """The ``tiny_random`` pair (see :func:`mdv.sweep.build_tiny_random_pair`)."""
+    """The ``tiny_random`` pair (see :func:`mdv.models.tiny_random.build_tiny_random_pair`)."""
 
     vocab_size: int = 64
     hidden_size: int = 32
@@ -496,7 +496,7 @@ def load_pair(device: torch.device, pair: PairKind = PairKind.default, tiny: Tin
     from mdv.models.hf import HFModel
 
     if PairKind(pair) == PairKind.tiny_random:
-        from mdv.sweep import build_tiny_random_pair
+        from mdv.models.tiny_random import build_tiny_random_pair
 
         t = tiny or TinyPair()
         return build_tiny_random_pair(t.vocab_size, t.seed, hidden_size=t.hidden_size, num_layers=t.num_layers,

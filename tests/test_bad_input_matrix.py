@@ -45,7 +45,7 @@ from mdv.errors import InvalidInputError, MdvError, MissingAssetError, UnknownNa
 from mdv.models import CallableLM, HFModel, SamplingConfig
 from mdv.oracle import (exact_law, expected_accepted, iteration_law, lp_optimum, membership_ot, random_toy_model,
                         target_law, total_variation)
-from mdv.sweep import build_tiny_random_pair
+from mdv.models.tiny_random import build_tiny_random_pair
 from tests.test_analysis import HE, write_cell
 
 REPO = Path(__file__).resolve().parent.parent

@@ -28,7 +28,8 @@ import pytest
 
 import mdv
 import mdv.sweep as sweep
-from mdv.sweep import build_tiny_random_pair, expand_grid, prompt_seed, read_cell, run_sweep
+from mdv.models.tiny_random import build_tiny_random_pair
+from mdv.sweep import expand_grid, prompt_seed, read_cell, run_sweep
 from tests.test_sweep import REPO, stub_format, stub_prompts, tiny_config
 
 METHODS = ["ar", "sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv"]

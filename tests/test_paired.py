@@ -19,7 +19,8 @@ from mdv.oracle import expected_accepted
 from mdv.paired import conditional as C
 from mdv.paired.config import PairedConfig, validate_paired
 from mdv.paired.measure import ContextProbe, contexts_of, load_records, paired_dir, run_paired
-from mdv.sweep import RunConfig, build_tiny_random_pair
+from mdv.models.tiny_random import build_tiny_random_pair
+from mdv.sweep import RunConfig
 from mdv.verify.base import Block
 from mdv.verify.registry import VERIFIERS
 

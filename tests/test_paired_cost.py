@@ -141,7 +141,7 @@ def test_measured_node_counts_and_synthetic_trees() -> None:
 # ================================================================================ (c) calibrate on the tiny pair
 @pytest.fixture(scope="module")
 def tiny():
-    from mdv.sweep import build_tiny_random_pair
+    from mdv.models.tiny_random import build_tiny_random_pair
 
     target, draft, _ = build_tiny_random_pair()
     return target, draft
@@ -239,7 +239,7 @@ def test_a_file_for_other_models_is_refused(tmp_path: Path, tiny, role: str, fie
 
 
 def test_a_file_for_another_pair_is_refused(tmp_path: Path, tiny) -> None:
-    from mdv.sweep import build_tiny_random_pair
+    from mdv.models.tiny_random import build_tiny_random_pair
 
     target, draft = tiny
     path = _here_calibration(target, draft).save(tmp_path / "cal.json")

@@ -10,7 +10,7 @@ from mdv.models.sampling import SamplingConfig
 from mdv.paired.config import PairedConfig
 from mdv.paired.measure import ContextProbe, contexts_of, measure_prompt
 from mdv.paired.trajectory import TreeTrajectory
-from mdv.sweep import build_tiny_random_pair
+from mdv.models.tiny_random import build_tiny_random_pair
 
 PROMPT = [1, 7, 3, 12, 5]
 

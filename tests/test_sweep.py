@@ -34,9 +34,10 @@ import pytest
 import torch
 
 import mdv.sweep as sweep
+import mdv.sweep.runner as runner
 from mdv.errors import InvalidInputError, MissingAssetError
-from mdv.sweep import (Cell, ModelKind, ModelsGroup, RunConfig, TinyTokenizer, build_tiny_random_pair, cell_path,
-                       expand_grid, read_cell, run_sweep)
+from mdv.models.tiny_random import TinyTokenizer, build_tiny_random_pair
+from mdv.sweep import Cell, ModelKind, ModelsGroup, RunConfig, cell_path, expand_grid, read_cell, run_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 TOP_KEYS = {"schema", "cell_id", "status", "error", "config", "dataset", "models", "environment", "generations",
@@ -241,7 +242,7 @@ def test_resume_after_interruption_recomputes_nothing_and_loses_nothing(tmp_path
             raise KeyboardInterrupt  # Ctrl-C in the middle of the 4th cell
         return real_run_cell(cell, *a, **k)
 
-    monkeypatch.setattr(sweep, "run_cell", interrupting)
+    monkeypatch.setattr(runner, "run_cell", interrupting)
     with pytest.raises(KeyboardInterrupt):
         run(cfg)
     before = snapshot(tmp_path)
@@ -274,7 +275,7 @@ def test_rerun_runs_only_the_deleted_cell_and_ignores_leftovers(tmp_path: Path, 
 
     ran: list[str] = []
     real_run_cell = sweep.run_cell
-    monkeypatch.setattr(sweep, "run_cell", lambda cell, *a, **k: (ran.append(cell.cell_id), real_run_cell(cell, *a, **k))[1])
+    monkeypatch.setattr(runner, "run_cell", lambda cell, *a, **k: (ran.append(cell.cell_id), real_run_cell(cell, *a, **k))[1])
     report = run(cfg)
     assert sorted(ran) == sorted([deleted, truncated]) == sorted(report.ok)
     assert len(report.skipped) == 4
@@ -293,7 +294,7 @@ def test_finished_sweep_loads_no_model_and_no_dataset(finished: Path, monkeypatc
     def boom(*a: Any, **k: Any) -> Any:
         raise AssertionError("nothing is pending: nothing must be loaded")
 
-    monkeypatch.setattr(sweep, "load_models", boom)
+    monkeypatch.setattr(runner, "load_models", boom)
     before = snapshot(finished)
     report = run_sweep(tiny_config(finished), loader=boom, formatter=boom)
     assert len(report.skipped) == 6 and not report.ok and not report.failed
@@ -343,7 +344,7 @@ def test_unwritable_results_dir_fails_before_any_work(tmp_path: Path) -> None:
 
 
 def test_unavailable_dataset_fails_before_any_model_loads(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(sweep, "load_models", lambda *a, **k: pytest.fail("models loaded before datasets"))
+    monkeypatch.setattr(runner, "load_models", lambda *a, **k: pytest.fail("models loaded before datasets"))
     with pytest.raises(MissingAssetError, match=r"dataset 'humaneval' .* unavailable: ConnectionError") as err:
         run(tiny_config(tmp_path), loader=unavailable_prompts)
     assert "\n" not in str(err.value)

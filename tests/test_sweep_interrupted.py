@@ -48,6 +48,8 @@ from typing import Any, Optional
 import pytest
 
 import mdv.sweep as sweep
+import mdv.sweep.runner as runner
+import mdv.sweep.store as store
 from mdv.errors import InvalidInputError
 from mdv.sweep import expand_grid, read_cell, run_sweep
 from tests.test_sweep import REPO, snapshot, stub_format, stub_prompts, tiny_config
@@ -67,6 +69,8 @@ sys.path.insert(0, sys.argv[1])
 import torch
 import mdv.engine
 import mdv.sweep as sweep
+import mdv.sweep.runner as runner
+import mdv.sweep.store as store
 from tests.test_sweep import stub_format, stub_prompts, tiny_config
 
 torch.set_num_threads(1)
@@ -138,7 +142,7 @@ def child(cmd):
         if mine and kill.get("at") == "after_replace":
             die()
 
-    sweep.run_cell, mdv.engine.generate, json.dump, os.replace = run_cell, generate, dump, replace
+    runner.run_cell, mdv.engine.generate, json.dump, os.replace = run_cell, generate, dump, replace
     report = sweep.run_sweep(config(cmd), loader=stub_prompts, formatter=stub_format)
     out = {k: getattr(report, k) for k in ("cells", "skipped", "ok", "failed", "busy", "moved_aside")}
     Path(cmd["report"]).write_text(json.dumps(out))
@@ -149,7 +153,7 @@ def reply(obj):
     sys.stdout.flush()
 
 
-reply({"ready": warm, "host": sweep._HOST})
+reply({"ready": warm, "host": store._HOST})
 while True:
     line = sys.stdin.readline()
     if not line:
@@ -474,7 +478,7 @@ def test_only_temp_files_of_dead_local_writers_are_removed(tmp_path: Path) -> No
     dead.wait()
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        host = sweep._HOST
+        host = store._HOST
         names = {"dead": f".a.json.{dead.pid}@{host}.tmp", "old_format_dead": f".b.json.{dead.pid}.tmp",
                  "probe_dead": f".write-probe.{dead.pid}@{host}.tmp", "live": f".c.json.{live.pid}@{host}.tmp",
                  "mine": f".d.json.{os.getpid()}@{host}.tmp", "other_host": f".e.json.{dead.pid}@not-{host}.tmp",
@@ -536,7 +540,7 @@ def test_a_file_written_meanwhile_by_another_sweep_is_not_overwritten(tmp_path: 
             (tmp_path / "b" / "cells" / f"{ids[1]}.json").write_bytes(theirs)
         return real_run_cell(cell, *a, **k)
 
-    monkeypatch.setattr(sweep, "run_cell", other_sweep_finishes_it)
+    monkeypatch.setattr(runner, "run_cell", other_sweep_finishes_it)
     with caplog.at_level(logging.WARNING, logger="mdv.sweep"):
         report = run_sweep(tiny_config(tmp_path / "b", **over), loader=stub_prompts, formatter=stub_format)
     assert report.ok == [ids[0], ids[2]] and report.skipped == [ids[1]] and not report.moved_aside

@@ -258,19 +258,26 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     ``run_cfg.paired``) and write one record each (module doc).  Bad config: one
     :class:`~mdv.errors.MdvError` before any work.  ``tracker`` (:mod:`mdv.tracking`): every record is logged
     (``log_paired``), then the report of the folder (verdicts, plots) with ``finish_paired``."""
-    from mdv import sweep as S
+    # mdv.sweep's schema holds a PairedConfig: imported here, not at the top, to keep the import acyclic
+    from mdv.sweep.config import enum_value, validate
+    from mdv.sweep.grid import prompt_seed
+    from mdv.sweep.model_sets import check_models_available, load_models
+    from mdv.sweep.prompts import format_dataset_prompts, import_callable, load_prompt_set, prompt_id
+    from mdv.sweep.runner import dataset_block, progress_bar
+    from mdv.sweep.store import (check_writable_dir, environment, remove_stale_locks, remove_stale_temp_files,
+                                 try_lock, write_json_atomic)
 
     t_start = time.perf_counter()
     cfg: PairedConfig = run_cfg.paired
     validate_paired(cfg)
-    S.validate(run_cfg)
+    validate(run_cfg)
     if run_cfg.threads is not None:
         torch.set_num_threads(run_cfg.threads)
-    out = S.check_writable_dir(paired_dir(run_cfg.results_dir), "results_dir/paired")
-    S.remove_stale_temp_files(out)
-    S.remove_stale_locks(out)
+    out = check_writable_dir(paired_dir(run_cfg.results_dir), "results_dir/paired")
+    remove_stale_temp_files(out)
+    remove_stale_locks(out)
     models_name = str(run_cfg.models.name)
-    datasets = list(cfg.datasets) if cfg.datasets is not None else [S._value(d) for d in run_cfg.dataset.names]
+    datasets = list(cfg.datasets) if cfg.datasets is not None else [enum_value(d) for d in run_cfg.dataset.names]
     n = cfg.n_prompts or run_cfg.dataset.n_prompts
     if cfg.speed_check.enabled and cfg.speed_check.n_prompts > n:
         raise InvalidInputError(f"paired.speed_check.n_prompts={cfg.speed_check.n_prompts} exceeds the {n} prompts"
@@ -296,17 +303,17 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
                                  or (cfg.calibrate and not (out / CALIBRATION_FILE).exists())):
         from mdv.engine import check_pair
 
-        loader = loader or S.import_callable(run_cfg.dataset.loader, "dataset.loader")
-        formatter = formatter or S.import_callable(run_cfg.dataset.formatter, "dataset.formatter")
-        S.check_models_available(run_cfg.models)
-        models = S.load_models(run_cfg.models)
+        loader = loader or import_callable(run_cfg.dataset.loader, "dataset.loader")
+        formatter = formatter or import_callable(run_cfg.dataset.formatter, "dataset.formatter")
+        check_models_available(run_cfg.models)
+        models = load_models(run_cfg.models)
         check_pair(models.target, models.draft)
         needed = [t[0] for t in pending or todo[:1]]
         if check_todo:
             needed += list(cfg.speed_check.datasets or datasets)
         for name in dict.fromkeys(needed):
-            prompt_sets[name] = S.load_prompt_set(loader, name, n, run_cfg.dataset.source)
-            formatted[name] = S.format_dataset_prompts(name, prompt_sets[name], n, models, formatter,
+            prompt_sets[name] = load_prompt_set(loader, name, n, run_cfg.dataset.source)
+            formatted[name] = format_dataset_prompts(name, prompt_sets[name], n, models, formatter,
                                                        cfg.L_max + cfg.n_tokens)
     # the calibration and the speed check, interleaved, before any helper starts
     pending_check = start_speed_check(run_cfg, out, models, formatted, datasets)
@@ -322,11 +329,11 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
             tracker.log_paired(read_record(out / f"{rid}.json"), resumed=True)
     ok, failed, busy = [], [], []
     helpers = start_helpers(run_cfg) if pending and cfg.workers > 1 else []
-    bar = S._tqdm(run_cfg.progress, total=len(todo), desc="paired prompts", position=0, initial=len(skipped))
+    bar = progress_bar(run_cfg.progress, total=len(todo), desc="paired prompts", position=0, initial=len(skipped))
     try:
         for name, i, T, seed, config, rid in pending:
             path = out / f"{rid}.json"
-            lock = S._try_lock(out / f".{rid}.lock")
+            lock = try_lock(out / f".{rid}.lock")
             if lock is None:
                 busy.append(rid)
                 bar.update(1)
@@ -350,7 +357,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
                 try:
                     body = measure_prompt(models.target, models.draft, ids, cfg, temperature=T,
                                           top_k=run_cfg.sampling.top_k, top_p=run_cfg.sampling.top_p,
-                                          seed=S.prompt_seed(seed, i), progress=tick)
+                                          seed=prompt_seed(seed, i), progress=tick)
                 except MdvError:
                     raise
                 except Exception as e:  # recorded; the run goes on
@@ -359,12 +366,12 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
                     log.debug("traceback of %s", rid, exc_info=True)
                 record = {"schema": SCHEMA, "record_id": rid, "status": "ok" if error is None else "failed",
                           "error": error, "config": config, "prompt_index": i,
-                          "prompt_id": S._prompt_id(ps.prompts[i], name, i), "prompt_length": len(ids),
-                          "dataset": S.dataset_block(ps),
+                          "prompt_id": prompt_id(ps.prompts[i], name, i), "prompt_length": len(ids),
+                          "dataset": dataset_block(ps),
                           "models": {"target": models.target_name, "draft": models.draft_name},
-                          "environment": S.environment(models.dtype, models.device),
+                          "environment": environment(models.dtype, models.device),
                           "analysis": analysis_options(cfg), "wall_seconds": time.perf_counter() - t0, **body}
-                S.write_json_atomic(path, record)
+                write_json_atomic(path, record)
             finally:
                 lock.release()
             (ok if error is None else failed).append(rid)

@@ -79,7 +79,7 @@ class InterleavedCheck:
     def __init__(self, target: Any, draft: Any, prompts: Sequence[SpeedCheckPrompt], cells: Sequence[Cell], *,
                  n_tokens: int, temperature: float, top_k: Optional[int] = None, top_p: Optional[float] = None,
                  progress: bool = False) -> None:
-        from mdv.sweep import _tqdm
+        from mdv.sweep.runner import progress_bar
 
         self.target, self.draft, self.cells = target, draft, list(cells)
         self.rounds = [prompts[0], *prompts]
@@ -88,7 +88,7 @@ class InterleavedCheck:
         self.done: list[bool] = [False] * len(self.rounds)
         self.with_calibration = False  # set by spread_rounds
         self.gens: list[dict[str, Any]] = []
-        self.bar = _tqdm(progress, total=len(self.rounds) * len(self.cells), desc="speed check", position=0)
+        self.bar = progress_bar(progress, total=len(self.rounds) * len(self.cells), desc="speed check", position=0)
         self.t0 = time.perf_counter()
 
     def run_round(self, i: int) -> None:

@@ -1,0 +1,244 @@
+"""The sweep's typed Hydra schema (``conf/run_schema``): names as enums, one dataclass per config group, and
+:func:`validate`, which checks a whole :class:`RunConfig` before any work starts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from mdv.errors import InvalidInputError
+from mdv.paired.config import PairedConfig
+from mdv.theory import TheoryConfig
+
+
+DATA_SOURCES = ("auto", "hub", "offline", "package", "stand-in")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+# ----------------------------------------------------------------------------------- names (enums)
+class Method(str, Enum):
+    """Methods a sweep can run: the autoregressive baseline and every registered verifier."""
+
+    ar = "ar"
+    sd = "sd"
+    spectr = "spectr"
+    bv = "bv"
+    gbv = "gbv"
+    spectr_gbv = "spectr_gbv"
+    mdbv = "mdbv"
+
+
+class DatasetName(str, Enum):
+    """Datasets of :mod:`mdv.data` (hub loader + offline package source or an honest stand-in)."""
+
+    gsm8k = "gsm8k"
+    humaneval = "humaneval"
+    mgsm = "mgsm"
+    lm1b = "lm1b"
+    alpaca = "alpaca"
+
+
+class ModelKind(str, Enum):
+    """How the target/draft pair is obtained."""
+
+    default = "default"          # embedded SmolLM2-135M-Instruct + trained draft (offline assets)
+    tiny_random = "tiny_random"  # tiny random Llama pair built in code (tests, CI)
+    assets = "assets"            # two GGUF assets of mdv.assets (e.g. the optional Qwen2.5-Coder pair)
+    hub = "hub"                  # hub ids / local folders / .gguf paths via HFModel.from_pretrained
+
+
+class LoggerKind(str, Enum):
+    """Experiment tracking backend (:mod:`mdv.tracking`)."""
+
+    none = "none"
+    wandb = "wandb"
+
+
+class Task(str, Enum):
+    """What ``experiments/run.py`` does: a sweep of real-model cells, the paired measurement alone
+    (:mod:`mdv.paired`), or the exact theory tables."""
+
+    sweep = "sweep"
+    theory = "theory"
+    paired = "paired"
+
+
+@dataclass
+class MethodGroup:
+    """``conf/method/*``: the methods of the grid (``ar`` = the autoregressive baseline)."""
+
+    names: list[Method] = field(default_factory=lambda: list(Method))
+
+
+@dataclass
+class DatasetGroup:
+    """``conf/dataset/*``: datasets, prompts per dataset, and where the prompts come from.
+
+    source: ``auto`` (the hub unless ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set, else the offline
+    source: a registry package or an honestly named stand-in), ``hub``, ``offline``, ``package`` or
+    ``stand-in`` (see :func:`mdv.data.load_prompts`).  loader / formatter: ``module:function`` import paths of
+    ``load_prompts(name, n, source) -> PromptSet`` and ``format_prompt(prompt, tokenizer) -> list[int]``
+    (a custom loader can bring its own data).
+    """
+
+    names: list[DatasetName] = field(default_factory=lambda: list(DatasetName))
+    n_prompts: int = 3
+    source: str = "auto"
+    loader: str = "mdv.data:load_prompts"
+    formatter: str = "mdv.data:format_prompt"
+
+
+@dataclass
+class SamplingGroup:
+    """``conf/sampling/*``: one sampling transform applied identically to target and draft."""
+
+    temperatures: list[float] = field(default_factory=lambda: [0.4])
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    max_new_tokens: int = 32
+
+
+@dataclass
+class SweepGroup:
+    """``conf/sweep/*``: the K (drafts) x L (draft length) x seed axes of the grid."""
+
+    K: list[int] = field(default_factory=lambda: [3])
+    L: list[int] = field(default_factory=lambda: [4])
+    seeds: list[int] = field(default_factory=lambda: [0])
+
+
+@dataclass
+class ModelsGroup:
+    """``conf/models/*``: the target/draft pair.
+
+    name: the short identity recorded as ``config.models`` in every cell (AR baselines pair with
+    methods on it).  target / draft: asset names (``assets``), hub ids, local folders or .gguf paths
+    (``hub``).  device: null = CUDA when available, else CPU.  The ``tiny_random`` fields build the
+    tiny pair (deterministic from ``seed``).
+    """
+
+    kind: ModelKind = ModelKind.default
+    name: str = "default"
+    target: Optional[str] = None
+    draft: Optional[str] = None
+    dtype: str = "float32"
+    device: Optional[str] = None
+    seed: int = 0
+    vocab_size: int = 64
+    hidden_size: int = 32
+    num_layers: int = 2
+    logit_scale: float = 30.0
+    draft_noise: float = 0.3
+
+
+@dataclass
+class LoggerGroup:
+    """``conf/logger/*``: experiment tracking (:mod:`mdv.tracking`); off unless ``logger=wandb``.
+
+    mode: null = ``$WANDB_MODE`` if set, else ``offline`` (sync later with ``wandb sync``).
+    dir: null = ``$WANDB_DIR`` if set, else the results folder.  group: null = the experiment name.
+    """
+
+    kind: LoggerKind = LoggerKind.none
+    project: str = "mdv"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    mode: Optional[str] = None
+    dir: Optional[str] = None
+
+
+@dataclass
+class RunConfig:
+    """The whole config of ``experiments/run.py`` (Hydra schema ``run_schema``, ``conf/config.yaml``).
+
+    name: the experiment name; results_dir defaults to ``outputs/<name>`` so a rerun resumes.
+    threads: ``torch.set_num_threads`` (null: torch's default).  progress: tqdm bars.
+    theory: the grid of ``experiment=theory`` (:class:`mdv.theory.TheoryConfig`).
+    paired: the paired measurement (:class:`mdv.paired.config.PairedConfig`): ``task=paired``, or after the
+    sweep's cells with ``paired.enabled=true``.
+    """
+
+    name: str = "smoke"
+    task: Task = Task.sweep
+    results_dir: str = "outputs/${name}"
+    threads: Optional[int] = None
+    progress: bool = True
+    method: MethodGroup = field(default_factory=MethodGroup)
+    models: ModelsGroup = field(default_factory=ModelsGroup)
+    dataset: DatasetGroup = field(default_factory=DatasetGroup)
+    sampling: SamplingGroup = field(default_factory=SamplingGroup)
+    sweep: SweepGroup = field(default_factory=SweepGroup)
+    logger: LoggerGroup = field(default_factory=LoggerGroup)
+    theory: TheoryConfig = field(default_factory=TheoryConfig)
+    paired: PairedConfig = field(default_factory=PairedConfig)
+
+
+def enum_value(x: Any) -> Any:
+    """An enum member's value (configs hold members or plain strings; both compare as the string)."""
+    return x.value if isinstance(x, Enum) else x
+
+
+# ----------------------------------------------------------------------------------- validation
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check the grid values; raise :class:`~mdv.errors.InvalidInputError` naming the config key."""
+    from mdv.engine import valid_methods
+
+    methods = [enum_value(m) for m in cfg.method.names]
+    valid = valid_methods()
+    if not methods:
+        raise InvalidInputError("method.names is empty; choose e.g. method=all or method=sd")
+    bad = [m for m in methods if m not in valid]
+    if bad:
+        raise InvalidInputError(f"unknown method(s) {bad}; valid methods are: {', '.join(valid)}")
+    if not cfg.dataset.names:
+        raise InvalidInputError("dataset.names is empty; choose e.g. dataset=all or dataset=humaneval")
+    for key, values in (("sweep.K", cfg.sweep.K), ("sweep.L", cfg.sweep.L)):
+        if not values or any(not _is_int(v) or v < 1 for v in values):
+            raise InvalidInputError(f"{key} must be a non-empty list of integers >= 1; got {list(values)}"
+                                    f" (e.g. {key}=[1,2,3])")
+    if not cfg.sweep.seeds or any(not _is_int(s) for s in cfg.sweep.seeds):
+        raise InvalidInputError(f"sweep.seeds must be a non-empty list of integers; got {list(cfg.sweep.seeds)}")
+    temps = cfg.sampling.temperatures
+    if not temps or any(not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0
+                        for t in temps):
+        raise InvalidInputError(f"sampling.temperatures must be a non-empty list of finite numbers >= 0"
+                                f" (0 = greedy); got {list(temps)}")
+    top_p = cfg.sampling.top_p
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise InvalidInputError(f"sampling.top_p must lie in (0, 1] (null = off); got {top_p}")
+    top_k = cfg.sampling.top_k
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+        raise InvalidInputError(f"sampling.top_k must be null or an integer >= 0 (0 = off); got {top_k}")
+    if not _is_int(cfg.sampling.max_new_tokens) or cfg.sampling.max_new_tokens < 1:
+        raise InvalidInputError(f"sampling.max_new_tokens must be an integer >= 1; got {cfg.sampling.max_new_tokens}")
+    if not _is_int(cfg.dataset.n_prompts) or cfg.dataset.n_prompts < 1:
+        raise InvalidInputError(f"dataset.n_prompts must be an integer >= 1; got {cfg.dataset.n_prompts}")
+    if cfg.dataset.source not in DATA_SOURCES:
+        raise InvalidInputError(f"dataset.source must be one of {', '.join(DATA_SOURCES)}; got {cfg.dataset.source!r}")
+    if cfg.models.dtype not in DTYPES:
+        raise InvalidInputError(f"models.dtype must be one of {', '.join(DTYPES)}; got {cfg.models.dtype!r}")
+    if cfg.threads is not None and (not _is_int(cfg.threads) or cfg.threads < 1):
+        raise InvalidInputError(f"threads must be null or an integer >= 1; got {cfg.threads}")
+    kind = ModelKind(enum_value(cfg.models.kind))
+    if kind in (ModelKind.assets, ModelKind.hub) and (not cfg.models.target or not cfg.models.draft):
+        raise InvalidInputError(f"models.kind={kind.value} needs models.target and models.draft"
+                                f" (got target={cfg.models.target!r}, draft={cfg.models.draft!r})")
+
+
+def to_run_config(cfg: Any) -> RunConfig:
+    """A composed Hydra/OmegaConf config -> :class:`RunConfig` (already a RunConfig: returned as is)."""
+    if isinstance(cfg, RunConfig):
+        return cfg
+    from omegaconf import OmegaConf
+
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, RunConfig):
+        raise InvalidInputError(f"expected a config with the run_schema; got {type(obj).__name__}")
+    return obj
