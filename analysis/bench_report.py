@@ -1,4 +1,4 @@
-"""Bench report from the records ``experiments.bench`` writes (thin entry point over :mod:`mdv.bench_report`).
+"""Bench report from the records ``experiments.bench`` writes (thin entry point over :mod:`mdv.bench.report`).
 
     python -m analysis.bench_report <bench output folder> [<folder> ...] [--out DIR] [--K 4] [--L 8]
 
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mdv.errors import MdvError
 
     try:
-        from mdv.bench_report import write_report
+        from mdv.bench.report import write_report
 
         result = write_report(args.folders, args.out, K=args.K, L=args.L)
     except MdvError as err:

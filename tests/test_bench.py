@@ -205,7 +205,9 @@ def test_rss_trend_separates_noise_from_a_leak() -> None:
 
 
 def test_missing_default_pair_is_skipped_with_a_reason(monkeypatch) -> None:
-    monkeypatch.setattr(bench, "_pair_available", lambda pair: (False, "draft files missing"))
+    import mdv.bench.e2e as e2e
+
+    monkeypatch.setattr(e2e, "pair_available", lambda pair: (False, "draft files missing"))
     rec = bench.run_e2e(E2EBench())
     assert rec["status"] == "skipped" and "draft files missing" in rec["reason"]
 

@@ -341,7 +341,7 @@ def test_two_processes_measure_every_record_once(tmp_path: Path) -> None:
 
 def test_paired_benchmark_on_tiny_pair() -> None:
     """The benchmark entry times a fresh run and splits its time into parts that account for it."""
-    from mdv.paired.bench import PairedBench, run_paired_bench
+    from mdv.bench import PairedBench, run_paired_bench
 
     res = run_paired_bench(PairedBench(pair="tiny_random", datasets=["humaneval"], n_prompts=2, n_tokens=8, stride=4,
                                        K_max=2, L_max=2, goal_seconds=1e9))

@@ -20,9 +20,9 @@ from mdv.sweep.grid import Cell, expand_grid, prompt_seed
 from mdv.sweep.model_sets import LoadedModels, load_models, reset_model_cache
 from mdv.sweep.prompts import format_dataset_prompts, import_callable, load_prompt_set
 from mdv.sweep.runner import SweepReport, cell_record, run_cell, run_sweep
-from mdv.sweep.store import (CellLock, cell_done, cell_path, check_existing, check_writable_dir, environment, json_safe,
-                             lock_cell, prepare_results_dir, read_cell, remove_stale_locks, remove_stale_temp_files,
-                             write_json_atomic)
+from mdv.sweep.store import (CellLock, cell_done, cell_path, check_existing, check_writable_dir, environment,
+                             json_safe, lock_cell, prepare_results_dir, read_cell, remove_stale_locks,
+                             remove_stale_temp_files, write_json_atomic)
 
 __all__ = [
     "Cell", "CellLock", "DatasetGroup", "DatasetName", "LoadedModels", "LoggerGroup", "LoggerKind", "Method",

@@ -41,7 +41,7 @@ from typing import Any, Callable, Optional, Sequence
 from mdv.sweep.config import RunConfig, validate
 from mdv.sweep.grid import Cell, expand_grid, prompt_seed
 from mdv.sweep.model_sets import LoadedModels, check_models_available, load_models
-from mdv.sweep.prompts import prompt_id, format_prompts, import_callable, load_prompt_set
+from mdv.sweep.prompts import format_prompts, import_callable, load_prompt_set, prompt_id
 from mdv.sweep.store import (SCHEMA, cell_done, cell_path, cells_dir, check_existing, environment, json_safe,
                              lock_cell, lock_path, prepare_results_dir, read_cell, remove_stale_locks,
                              remove_stale_temp_files, write_json_atomic)

@@ -13,7 +13,8 @@ Output (``--out``, default ``<first folder>/report``):
 
 * ``bench_report.md``: the environment of every record used (CPU, cores, threads, torch, dtype, device, load
   average), every goal of every record with its verdict (met / missed / not measured: the verdicts, limits and
-  values are the records' own, see ``mdv.bench._goal``), and a table of every figure per benchmark;
+  values are the records' own, see :func:`mdv.bench.records.goal_record`), and a table of every figure per
+  benchmark;
 * ``verify_cost_vs_vocab.png``: the verifier fast path's cost vs V (log x) at one (K, L), one line per method
   (single-draft methods at K = 1), as ms per call and as a fraction of one target decode step;
 * ``e2e_speedup_vs_L.png``: end-to-end decode speedup over AR vs L, one line per (method, K), one panel per
@@ -35,13 +36,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from mdv._fs import ensure_writable_dir
+from mdv.analysis.tables import METHOD_ORDER  # rows in the sweep tables' order
+from mdv.bench.config import Benchmark
 from mdv.errors import InvalidInputError
 
-#: The benchmarks of :class:`mdv.bench.Benchmark`, in its order (a test keeps the two in sync).
-BENCHMARKS = ("verifier", "target_pass", "e2e", "oracle", "memory", "paired")
+#: The benchmarks of :class:`mdv.bench.config.Benchmark`, in its order.
+BENCHMARKS = tuple(b.value for b in Benchmark)
 SCHEMA_PREFIX = "mdv.bench/"
-#: Row order (as in :mod:`mdv.analysis`): AR, then the paper's Table 1 order with mdv's verifiers between.
-METHOD_ORDER = ["ar", "sd", "spectr", "bv", "gbv", "mdbv", "spectr_gbv"]
 PALETTE = ["#7f7f7f", "#1f77b4", "#ff7f0e", "#8c564b", "#2ca02c", "#9467bd", "#d62728", "#e377c2", "#17becf",
            "#bcbd22"]
 SPLIT_KEYS = ("draft", "target", "verify", "other")

@@ -1,4 +1,4 @@
-"""The paired measurement as a benchmark (``experiments/bench benchmarks=[paired]``): wall time, contexts
+"""The ``paired`` benchmark (``experiments/bench benchmarks=[paired]``): wall time, contexts
 per second and the share of time in trajectories, draft, target and each verifier's law.
 
 The issue's setting: 5 datasets x 10 prompts x 64 generated tokens (a context every 4), K_max = 4,
@@ -9,27 +9,13 @@ the tree pass's laws, :mod:`mdv.paired.trajectory`).
 """
 from __future__ import annotations
 
-import tempfile
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+import tempfile
+from pathlib import Path
 
-
-@dataclass
-class PairedBench:
-    """``paired``: one fresh paired run (nothing resumed) on the pair, timed."""
-
-    pair: str = "default"  # default | tiny_random
-    datasets: list[str] = field(default_factory=lambda: ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"])
-    n_prompts: int = 10
-    n_tokens: int = 64
-    stride: int = 4
-    K_max: int = 4
-    L_max: int = 8
-    temperature: float = 0.4
-    workers: int = 1
-    goal_seconds: float = 360.0
+from mdv.bench.config import PairedBench, TinyPair
+from mdv.bench.records import bench_record, goal_record, print_goals, print_table
 
 
 def run_paired_bench(cfg: PairedBench, *, threads: int = 1, tiny: Any = None) -> dict[str, Any]:
@@ -73,4 +59,19 @@ def run_paired_bench(cfg: PairedBench, *, threads: int = 1, tiny: Any = None) ->
                      "met": wall <= cfg.goal_seconds}}
 
 
-__all__ = ["PairedBench", "run_paired_bench"]
+def run_paired_benchmark(cfg: PairedBench, threads: int, tiny: TinyPair) -> dict[str, Any]:
+    """``paired``: :func:`run_paired_bench`, printed as a table with its goal."""
+    t0 = time.perf_counter()
+    res = run_paired_bench(cfg, threads=threads, tiny=tiny)
+    (print_table(f"paired measurement: {res['contexts']} contexts, {res['prompts']} prompts, K_max={cfg.K_max},"
+                      f" L_max={cfg.L_max}, {cfg.workers} process(es)", ["part", "seconds", "share"],
+                      [[k, f"{v:.1f}", f"{res['share'][k]:.1%}"] for k, v in res["seconds"].items()]))
+    print(f"  {res['contexts_per_second']:.2f} contexts/s, {res['seconds_per_context']:.2f} s per context;"
+          f" trajectories: {res['trajectory_target_steps']} target steps for {res['trajectory_tokens']} tokens"
+          " (the rest read from the tree passes)", flush=True)
+    goal = goal_record(res["goal"]["goal"], res["wall_seconds"], cfg.goal_seconds, unit=" s",
+                 why="each context: a K_max-row draft of L_max steps + one tree pass of up to K_max·L_max+1 nodes;"
+                     " each trajectory token off the drafts' paths: one AR target step")
+    print_goals([goal])
+    return bench_record("paired", cfg, "cpu", "float32", res, {"contexts_per_second": res["contexts_per_second"]}, [goal],
+                   wall_seconds=time.perf_counter() - t0)

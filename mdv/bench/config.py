@@ -1,0 +1,244 @@
+"""The benchmarks' typed schema (``conf/bench.yaml``): one dataclass per benchmark, :class:`BenchConfig`, and
+:func:`validate`, which checks a whole config before any benchmark runs.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+from mdv.errors import InvalidInputError, UnknownNameError, unknown_name
+
+
+MODEL_DTYPES = ("float32", "bfloat16", "float16", "float64")
+ALL_METHODS = ["sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv"]
+
+
+class Benchmark(str, enum.Enum):
+    """The benchmarks ``experiments/bench`` can run (``benchmarks: [...]``)."""
+
+    verifier = "verifier"
+    target_pass = "target_pass"
+    e2e = "e2e"
+    oracle = "oracle"
+    memory = "memory"
+    paired = "paired"
+
+
+class PairKind(str, enum.Enum):
+    """``default``: SmolLM2-135M-Instruct + the shipped draft (:mod:`mdv.models.default_pair`);
+    ``tiny_random``: a tiny random Llama pair built in code (tests, smoke runs; its numbers mean nothing)."""
+
+    default = "default"
+    tiny_random = "tiny_random"
+
+
+@dataclass
+class VerifierBench:
+    """``verifier``: V x K x L grid of synthetic blocks; single-draft methods run at K = 1 only."""
+
+    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    vocab_sizes: list[int] = field(default_factory=lambda: [1000, 32000, 49152, 151936])
+    K: list[int] = field(default_factory=lambda: [1, 4, 8])
+    L: list[int] = field(default_factory=lambda: [4, 8, 12])
+    repeats: int = 3
+    warmup: int = 1
+    #: independent uniform draws per cell; a timed call runs all of them and reports the mean per draw
+    #: (the lazy spectr_gbv / mdbv paths cost more when drafts are rejected: one draw is not representative)
+    draws: int = 8
+    #: None = CUDA when available, else CPU (the verifiers and the target step run there).
+    device: Optional[str] = None
+    #: Time one decode step of the target in every repeat (the default target needs its file).
+    target_step: bool = True
+    #: whose target's decode step is the yardstick (tiny_random only for smoke runs).
+    step_pair: PairKind = PairKind.default
+    #: tokens in the target's KV cache when its decode step is timed, and calls per repeat (median).
+    step_context: int = 128
+    step_calls: int = 3
+    #: std of the synthetic logits (larger = peakier laws) and of the target's deviation from the draft.
+    logit_scale: float = 3.0
+    target_noise: float = 1.0
+    seed: int = 0
+    #: the cell of the issue's goal: every verifier <= 5% of a target step there (spectr <= 10%).
+    goal_V: int = 49152
+    goal_K: int = 4
+    goal_L: int = 8
+
+
+@dataclass
+class TargetPassBench:
+    """``target_pass``: K drafts of length L after a ``context``-token prompt on the target."""
+
+    pair: PairKind = PairKind.default
+    K: int = 4
+    L: int = 8
+    context: int = 256
+    #: leading tokens every draft shares (i.i.d. drafts often agree on their first tokens).
+    shared: int = 0
+    repeats: int = 5
+    warmup: int = 1
+    seed: int = 0
+    #: goal: the K-draft pass costs at most this many single-draft passes.
+    goal_ratio: float = 2.0
+
+
+@dataclass
+class E2EBench:
+    """``e2e``: AR and every (method, K, L) on the pair, per temperature, interleaved per prompt.
+
+    The first prompt is a warm-up (excluded from timing, kept in block efficiency).  Generation never
+    stops at EOS (``eos_token_id=[]``), so every run produces ``max_new_tokens`` tokens and time ratios
+    are throughput ratios.  ``n_prompts`` counts all prompts (round robin over the datasets, warm-up included);
+    the issue's full setting (10 per dataset + 1): ``e2e.n_prompts=51 e2e.max_new_tokens=64
+    e2e.temperatures=[0,0.4] e2e.datasets=[gsm8k,humaneval,mgsm,lm1b,alpaca]``.
+    """
+
+    pair: PairKind = PairKind.default
+    #: mdv.data dataset names; [] (or mdv.data unavailable) = the fixed prompt list of mdv.bench.
+    datasets: list[str] = field(default_factory=lambda: ["gsm8k"])
+    n_prompts: int = 3
+    max_new_tokens: int = 32
+    temperatures: list[float] = field(default_factory=lambda: [0.4])
+    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    K: list[int] = field(default_factory=lambda: [1, 3])
+    L: list[int] = field(default_factory=lambda: [2, 4, 8])
+    seed: int = 0
+    #: goals at goal_temperature: the best setting >= goal_best x AR, sd at its best L >= goal_sd x AR.
+    goal_temperature: float = 0.4
+    goal_best: float = 2.0
+    goal_sd: float = 1.5
+
+
+@dataclass
+class OracleBench:
+    """``oracle``: exact enumeration / LPs at the largest (K <= max_K, L <= max_L) each supports per V,
+    and Monte-Carlo trials per second at (mc_V, mc_K, mc_L)."""
+
+    vocab_sizes: list[int] = field(default_factory=lambda: [3, 4, 5])
+    max_K: int = 3
+    max_L: int = 3
+    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    #: ``exact_law`` (several iterations, n_tokens = L + 1) only where V^(K·L) <= this.
+    exact_law_max_tuples: int = 4096
+    lp_kinds: list[str] = field(default_factory=lambda: ["valid", "greedy"])
+    time_limit_s: float = 30.0
+    mc_V: int = 4
+    mc_K: int = 3
+    mc_L: int = 3
+    mc_trials: int = 200_000
+    mc_repeats: int = 3
+    mc_goal: float = 200_000.0
+    seed: int = 0
+
+
+@dataclass
+class MemoryBench:
+    """``memory``: ``n_prompts`` generations at (K, L) with ``method``; RSS and live tensors per prompt."""
+
+    pair: PairKind = PairKind.default
+    method: str = "mdbv"
+    K: int = 8
+    L: int = 12
+    temperature: float = 0.4
+    n_prompts: int = 100
+    max_new_tokens: int = 8
+    datasets: list[str] = field(default_factory=lambda: ["gsm8k"])
+    #: prompts before the baseline RSS is taken (allocator and caches settle).
+    warmup_prompts: int = 5
+    #: count live tensors (a gc scan) every this many prompts (0 = never).
+    tensor_count_every: int = 10
+    seed: int = 0
+
+
+@dataclass
+class PairedBench:
+    """``paired``: one fresh paired run (nothing resumed) on the pair, timed."""
+
+    pair: str = "default"  # default | tiny_random
+    datasets: list[str] = field(default_factory=lambda: ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"])
+    n_prompts: int = 10
+    n_tokens: int = 64
+    stride: int = 4
+    K_max: int = 4
+    L_max: int = 8
+    temperature: float = 0.4
+    workers: int = 1
+    goal_seconds: float = 360.0
+
+
+@dataclass
+class TinyPair:
+    """The ``tiny_random`` pair (see :func:`mdv.models.tiny_random.build_tiny_random_pair`)."""
+
+    vocab_size: int = 64
+    hidden_size: int = 32
+    num_layers: int = 2
+    seed: int = 0
+
+
+@dataclass
+class BenchConfig:
+    """Schema of ``conf/bench.yaml``."""
+
+    #: every benchmark but ``paired`` (a full paired run, ~10-20 min on 2 cores): ``benchmarks=[paired]`` runs it
+    benchmarks: list[Benchmark] = field(default_factory=lambda: [b for b in Benchmark if b != Benchmark.paired])
+    #: torch intra-op threads (the machine's cores by default in conf/bench.yaml).
+    threads: int = 2
+    #: weights dtype of the models (float32, bfloat16, float16, float64); verification is float64 always.
+    dtype: str = "float32"
+    verifier: VerifierBench = field(default_factory=VerifierBench)
+    target_pass: TargetPassBench = field(default_factory=TargetPassBench)
+    e2e: E2EBench = field(default_factory=E2EBench)
+    oracle: OracleBench = field(default_factory=OracleBench)
+    memory: MemoryBench = field(default_factory=MemoryBench)
+    paired: PairedBench = field(default_factory=PairedBench)
+    tiny: TinyPair = field(default_factory=TinyPair)
+
+
+def validate(cfg: BenchConfig) -> None:
+    """Raise :class:`InvalidInputError` / ``UnknownNameError`` (one line) for values the schema's types
+    cannot rule out."""
+    from mdv.verify.registry import VERIFIERS
+
+    for where, methods in (("verifier.methods", cfg.verifier.methods), ("e2e.methods", cfg.e2e.methods),
+                           ("oracle.methods", cfg.oracle.methods), ("memory.method", [cfg.memory.method])):
+        for m in methods:
+            if m not in VERIFIERS:
+                raise UnknownNameError(f"{where}: {unknown_name('method', m, list(VERIFIERS))}")
+    if cfg.threads < 1:
+        raise InvalidInputError(f"threads must be >= 1; got {cfg.threads}")
+    if cfg.dtype not in MODEL_DTYPES:
+        raise InvalidInputError(f"dtype must be one of {', '.join(MODEL_DTYPES)}; got {cfg.dtype!r}")
+    checks = [("verifier.vocab_sizes", cfg.verifier.vocab_sizes, 2), ("verifier.K", cfg.verifier.K, 1),
+              ("verifier.L", cfg.verifier.L, 1), ("e2e.K", cfg.e2e.K, 1), ("e2e.L", cfg.e2e.L, 1),
+              ("oracle.vocab_sizes", cfg.oracle.vocab_sizes, 2)]
+    for name, values, lo in checks:
+        if not values or any(int(v) < lo for v in values):
+            raise InvalidInputError(f"{name} must be a non-empty list of integers >= {lo}; got {list(values)}")
+    for name, value, lo in (("verifier.repeats", cfg.verifier.repeats, 1), ("verifier.draws", cfg.verifier.draws, 1),
+                            ("verifier.step_calls", cfg.verifier.step_calls, 1),
+                            ("verifier.step_context", cfg.verifier.step_context, 1),
+                            ("target_pass.K", cfg.target_pass.K, 1), ("target_pass.L", cfg.target_pass.L, 1),
+                            ("target_pass.context", cfg.target_pass.context, 2), ("target_pass.repeats", cfg.target_pass.repeats, 1),
+                            ("e2e.n_prompts", cfg.e2e.n_prompts, 2), ("e2e.max_new_tokens", cfg.e2e.max_new_tokens, 1),
+                            ("oracle.mc_trials", cfg.oracle.mc_trials, 1), ("oracle.mc_repeats", cfg.oracle.mc_repeats, 1),
+                            ("memory.n_prompts", cfg.memory.n_prompts, 2), ("memory.K", cfg.memory.K, 1),
+                            ("memory.L", cfg.memory.L, 1), ("memory.max_new_tokens", cfg.memory.max_new_tokens, 1)):
+        if int(value) < lo:
+            raise InvalidInputError(f"{name} must be >= {lo}; got {value}")
+    if not 0 <= cfg.target_pass.shared <= cfg.target_pass.L:
+        raise InvalidInputError(f"target_pass.shared must lie in [0, L={cfg.target_pass.L}]; got {cfg.target_pass.shared}")
+    if cfg.memory.warmup_prompts >= cfg.memory.n_prompts:
+        raise InvalidInputError(f"memory.warmup_prompts ({cfg.memory.warmup_prompts}) must be below memory.n_prompts"
+                                f" ({cfg.memory.n_prompts})")
+    if any(t < 0 for t in cfg.e2e.temperatures) or not cfg.e2e.temperatures:
+        raise InvalidInputError(f"e2e.temperatures must be a non-empty list of numbers >= 0; got {cfg.e2e.temperatures}")
+    for k in cfg.oracle.lp_kinds:
+        if k not in ("valid", "greedy"):
+            raise UnknownNameError(f"oracle.lp_kinds: {unknown_name('LP kind', k, ['valid', 'greedy'])}")
+    from mdv.data import DATASETS
+
+    for where, names in (("e2e.datasets", cfg.e2e.datasets), ("memory.datasets", cfg.memory.datasets)):
+        for name in names:  # a typo must not silently fall back to the fixed prompt list
+            if name not in DATASETS:
+                raise UnknownNameError(f"{where}: {unknown_name('dataset', name, list(DATASETS))}")

@@ -1,0 +1,122 @@
+"""The ``e2e`` benchmark: AR and every method on a model pair over prompts from :mod:`mdv.data`: tokens/s,
+speedup over AR, block efficiency and the draft / target / verify time split.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from mdv.bench.config import E2EBench, TinyPair
+from mdv.bench.pairs import load_pair, pair_available, pair_identity, prompt_ids, torch_device
+from mdv.bench.records import (bench_record, fmt_number, goal_record, print_goals, print_table, range_text,
+                               skipped_record)
+from mdv.bench.timing import ratios_of, spread
+
+
+
+
+# ====================================================================================== e2e
+def _e2e_cells(cfg: E2EBench) -> list[tuple[str, int | None, int | None]]:
+    from mdv.verify.registry import VERIFIERS
+
+    cells: list[tuple[str, int | None, int | None]] = [("ar", None, None)]
+    for m in cfg.methods:
+        for K in (cfg.K if VERIFIERS[m].multi_draft else [1]):
+            for L in cfg.L:
+                if (m, K, L) not in cells:
+                    cells.append((m, K, L))
+    return cells
+
+
+def rotated(cells: Sequence[Any], i: int) -> list[Any]:
+    """The cells in the order of round i: rotated left by i (mod the count)."""
+    s = i % len(cells)
+    return list(cells[s:]) + list(cells[:s])
+
+
+def interleaved_generations(cells: Sequence[Any], prompts: Sequence[list[int]],
+                            run_cell: Callable[[Any, int, list[int]], dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    """Every cell on every prompt, prompt by prompt, the cell order rotated by one per prompt (so machine
+    load drifts hit every cell alike).  run_cell(cell, i, prompt_ids) -> the generation's stats.
+    -> cell -> stats per prompt, in prompt order (prompt 0 is the warm-up the callers leave out of timings)."""
+    stats: dict[Any, list[dict[str, Any]]] = {c: [] for c in cells}
+    for i, ids in enumerate(prompts):
+        for cell in rotated(cells, i):
+            stats[cell].append(run_cell(cell, i, ids))
+    return stats
+
+
+def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyPair | None = None,
+            device: Optional[str] = None, dtype: str = "float32") -> dict[str, Any]:
+    """The ``e2e`` benchmark.  ``pair``: (target, draft, tokenizer) HFModels, else loaded from ``cfg.pair``."""
+    from mdv.engine import generate
+
+    t_start = time.perf_counter()
+    dev = torch_device(device)
+    if pair is None:
+        ok, why = pair_available(cfg.pair)
+        if not ok:
+            return skipped_record("e2e", cfg, f"default pair unavailable: {why}")
+        pair = load_pair(dev, cfg.pair, tiny, dtype)
+    target, draft, tok = pair
+    prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
+    cells = _e2e_cells(cfg)
+    results: list[dict[str, Any]] = []
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(cfg.temperatures) * len(prompts) * len(cells), desc="e2e generations", unit="gen",
+               dynamic_ncols=True, file=sys.stderr)
+    for T in cfg.temperatures:
+        def run_cell(cell: tuple, i: int, ids: list[int], T: float = T) -> dict[str, Any]:
+            m, K, L = cell
+            bar.set_postfix_str(f"T={T:g} prompt {i + 1}/{len(prompts)} {m} K={K or 1} L={L or 1}", refresh=False)
+            r = generate(target, draft if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
+                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[])
+            bar.update()
+            return r.stats
+
+        stats = interleaved_generations(cells, prompts, run_cell)
+        ar = stats[("ar", None, None)]
+        for (m, K, L), st in stats.items():
+            timed = st[1:]  # prompt 0 is the warm-up
+            speed = ratios_of([a["decode_s"] for a in ar[1:]], [s["decode_s"] for s in timed])
+            speed_e2e = ratios_of([a["total_s"] for a in ar[1:]], [s["total_s"] for s in timed])
+            tokens = sum(s["new_tokens"] for s in st)
+            calls = sum(s["target_calls"] for s in st)
+            dec = sum(s["decode_s"] for s in timed)
+            split = {k: (sum(s[f"{k}_s"] for s in timed) / dec if dec > 0 else float("nan"))
+                     for k in ("draft", "target", "verify", "other")}
+            results.append({"temperature": T, "method": m, "K": K, "L": L,
+                            "tokens_per_second": spread([s["tokens_per_second"] for s in timed]),
+                            "speedup": spread(speed), "speedup_mean": statistics.fmean(speed) if speed else float("nan"),
+                            "speedup_e2e": spread(speed_e2e),
+                            "block_efficiency": tokens / calls if calls else float("nan"),
+                            "time_split": split, "n_timed_prompts": len(timed)})
+    bar.close()
+    rows = [[r["temperature"], r["method"], r["K"] or "-", r["L"] or "-", range_text(r["tokens_per_second"]),
+             range_text(r["speedup"]), fmt_number(r["block_efficiency"]),
+             " / ".join(f"{100 * r['time_split'][k]:.0f}%" if not math.isnan(r["time_split"][k]) else "-"
+                        for k in ("draft", "target", "verify", "other"))] for r in results]
+    print_table(f"end to end: {target.name} + {draft.name}; {len(prompts) - 1} timed prompts (+1 warm-up) x"
+                f" {cfg.max_new_tokens} new tokens from {label}; decode speedup = AR decode s / method decode s per"
+                " prompt, median [min, max]", ["T", "method", "K", "L", "tokens/s", "speedup vs AR",
+                                               "block eff.", "draft/target/verify/other"], rows)
+    goals = []
+    at = [r for r in results if r["temperature"] == cfg.goal_temperature and r["method"] != "ar"]
+    if at:
+        best = max(at, key=lambda r: r["speedup"]["median"] if r["speedup"]["n"] else -1.0)
+        goals.append(goal_record(f"best method at T={cfg.goal_temperature:g} ({best['method']} K={best['K']} L={best['L']})"
+                           f" >= {cfg.goal_best:g}x AR", best["speedup"]["median"], cfg.goal_best, at_most=False))
+        sd = [r for r in at if r["method"] == "sd"]
+        if sd:
+            b = max(sd, key=lambda r: r["speedup"]["median"] if r["speedup"]["n"] else -1.0)
+            goals.append(goal_record(f"sd at its best L (L={b['L']}) at T={cfg.goal_temperature:g} >= {cfg.goal_sd:g}x AR",
+                               b["speedup"]["median"], cfg.goal_sd, at_most=False))
+    print_goals(goals)
+    return bench_record("e2e", cfg, str(dev), str(target.dtype).removeprefix("torch."), results,
+                   {"target": target.name, "draft": draft.name, "prompts": label, "n_prompts": len(prompts),
+                    "pair_files": pair_identity(cfg.pair)},
+                   goals, wall_seconds=time.perf_counter() - t_start)

@@ -1,0 +1,161 @@
+"""The ``verifier`` benchmark: the fast path (:meth:`Verifier.sample`) of every verifier on synthetic float64 p /
+q over a V x K x L grid: ms per call and as a fraction of one decode step of the default target, measured in
+the same run; also ``spectr_gbv`` and ``mdbv`` relative to ``spectr``. Runs on CUDA when present.
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from typing import Any, Callable
+import torch
+
+from mdv.bench.config import TinyPair, VerifierBench
+from mdv.bench.pairs import default_target_available, load_target_model, torch_device
+from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
+from mdv.bench.timing import ratios_of, spread, sync_for, time_call
+
+
+def synthetic_block(V: int, K: int, L: int, *, generator: torch.Generator, device: torch.device | str = "cpu",
+                    logit_scale: float = 3.0, target_noise: float = 1.0):
+    """A :class:`~mdv.verify.base.Block` (B = 1) of K drafts of length L over V tokens in float64.
+
+    q = softmax(logit_scale · z), p = softmax(logit_scale · z + target_noise · z') with standard normal
+    z, z' (a target close to the draft, as for a trained pair); every draft token is sampled from its q
+    row, so it has q > 0.  The first position's laws are shared by all drafts (one context), deeper ones
+    differ per draft.  -> Block with tokens [1, K, L], q [1, K, L, V], p [1, K, L+1, V].
+    """
+    from mdv.verify.base import Block
+
+    dev = torch.device(device)
+    z = logit_scale * torch.randn((1, K, L + 1, V), generator=generator, dtype=torch.float64, device=dev)
+    z[:, :, 0] = z[:, :1, 0]
+    zp = z + target_noise * torch.randn((1, K, L + 1, V), generator=generator, dtype=torch.float64, device=dev)
+    zp[:, :, 0] = zp[:, :1, 0]
+    q = torch.softmax(z[:, :, :L], -1)
+    p = torch.softmax(zp, -1)
+    tokens = torch.multinomial(q.reshape(-1, V), 1, generator=generator).reshape(1, K, L)
+    return Block(tokens, q, p).validate()
+
+
+def decode_step_times(target: Any, context: int, calls: int, sync: Callable[[], None], seed: int = 0) -> list[float]:
+    """Seconds of ``calls`` single-token decode steps of ``target`` (HFModel) with ``context`` tokens in its
+    KV cache (each step is rolled back, so all see the same cache)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.vocab_size, (context + 1,), generator=gen).tolist()
+    session = target.new_session()
+    with torch.inference_mode():
+        session.prefill(ids[:-1])
+        x = torch.tensor([[ids[-1]]], device=session.device)
+
+        def step() -> None:
+            session.extend(x)
+            session.crop(context)
+
+        step()  # warm-up
+        return [time_call(step, sync) for _ in range(calls)]
+
+
+def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None = None,
+                 dtype: str = "float32") -> dict[str, Any]:
+    """The ``verifier`` benchmark.  ``target``: an HFModel whose decode step is the yardstick (None: the
+    default target is loaded when ``cfg.target_step`` and its file is present)."""
+    from mdv.verify.base import Uniforms
+    from mdv.verify.registry import VERIFIERS
+
+    t_start = time.perf_counter()
+    dev = torch_device(cfg.device)
+    sync = sync_for(dev)
+    step_reason = None
+    if cfg.target_step and target is None:
+        ok, why = default_target_available()
+        if ok:
+            target = load_target_model(dev, dtype=dtype)
+        else:
+            step_reason = f"default target unavailable: {why}"
+    elif not cfg.target_step:
+        step_reason = "verifier.target_step=false"
+    gen = torch.Generator(device=dev).manual_seed(cfg.seed)
+    results: list[dict[str, Any]] = []
+    step_all: list[float] = []
+    with torch.inference_mode():
+        for V in cfg.vocab_sizes:
+            # every (K, L, method) cell of this V: one block per (K, L), built once
+            cells = []
+            for K in cfg.K:
+                for L in cfg.L:
+                    methods = [m for m in cfg.methods if VERIFIERS[m].multi_draft or K == 1]
+                    if not methods:
+                        continue
+                    block = synthetic_block(V, K, L, generator=gen, device=dev, logit_scale=cfg.logit_scale,
+                                            target_noise=cfg.target_noise)
+                    unis = [Uniforms.draw(1, K, L, gen, device=dev) for _ in range(cfg.draws)]
+
+                    def call(v: Any, b: Any = block, us: list[Any] = unis) -> None:
+                        for u in us:
+                            v.sample(b, u, v.initial_state())
+
+                    for m in methods:
+                        cells.append(((V, K, L, m), functools.partial(call, VERIFIERS[m]())))
+            if not cells:
+                continue
+            fns = {key: fn for key, fn in cells}
+            times: dict[Any, list[float]] = {key: [] for key in fns}
+            steps: list[float] = []
+            for r in range(cfg.warmup + cfg.repeats):
+                # one round: the target step, then every cell once (order rotated per round)
+                st = (statistics.median(decode_step_times(target, cfg.step_context, cfg.step_calls, sync, cfg.seed + r))
+                      if target is not None else float("nan"))
+                keys = list(fns)
+                keys = keys[r % len(keys):] + keys[:r % len(keys)]
+                for key in keys:
+                    t = time_call(fns[key], sync)
+                    if r >= cfg.warmup:
+                        times[key].append(t)
+                if r >= cfg.warmup:
+                    steps.append(st)
+            step_all += steps
+            for (V_, K, L, m), ts in times.items():
+                ts = [t / cfg.draws for t in ts]  # seconds per draw
+                row = {"V": V_, "K": K, "L": L, "method": m, "ms": spread([1e3 * t for t in ts]),
+                       "step_fraction": spread(ratios_of(ts, steps)), "target_step_ms": spread([1e3 * s for s in steps])}
+                ref = times.get((V_, K, L, "spectr"))
+                if ref is not None and m != "spectr":
+                    row["vs_spectr"] = spread(ratios_of(ts, ref))
+                results.append(row)
+            del fns, cells, times
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    step_ms = spread([1e3 * s for s in step_all])
+    rows = [[r["V"], r["K"], r["L"], r["method"], range_text(r["ms"]), range_text(r["step_fraction"], pct=True),
+             range_text(r.get("vs_spectr", {}))] for r in results]
+    print_table(f"verifier fast path (sample) on {dev}; target decode step {range_text(step_ms)} ms"
+                f"{' (' + step_reason + ')' if step_reason else ''}; median [min, max] over {cfg.repeats} interleaved"
+                f" repeats of the mean over {cfg.draws} uniform draws", ["V", "K", "L", "method", "ms/call", "of a target step", "x spectr"], rows)
+    goals = []
+    for m in cfg.methods:
+        K = cfg.goal_K if VERIFIERS[m].multi_draft else 1
+        hit = [r for r in results if (r["V"], r["K"], r["L"], r["method"]) == (cfg.goal_V, K, cfg.goal_L, m)]
+        frac = hit[0]["step_fraction"]["median"] if hit and hit[0]["step_fraction"]["n"] else None
+        limit = 0.10 if m == "spectr" else 0.05
+        why = None if K == cfg.goal_K else "single-draft: measured at K=1"
+        if not hit:
+            why = "goal cell not in the grid"
+        elif frac is None:
+            why = step_reason
+        goals.append(goal_record(f"{m} at V={cfg.goal_V}, K={K}, L={cfg.goal_L} costs <= {limit:.0%} of a target step",
+                           frac, limit, why=why))
+    vs_spectr = {}
+    for m in ("spectr_gbv", "mdbv"):
+        hit = [r for r in results if (r["V"], r["K"], r["L"], r["method"]) == (cfg.goal_V, cfg.goal_K, cfg.goal_L, m)]
+        if hit and "vs_spectr" in hit[0]:
+            vs_spectr[m] = hit[0]["vs_spectr"]
+            print(f"  {m} / spectr at V={cfg.goal_V}, K={cfg.goal_K}, L={cfg.goal_L}: {range_text(hit[0]['vs_spectr'])}")
+    if "spectr_gbv" in vs_spectr:
+        goals.append(goal_record(f"paper's claim: spectr_gbv verification < 0.5x spectr's (V={cfg.goal_V}, K={cfg.goal_K},"
+                           f" L={cfg.goal_L})", vs_spectr["spectr_gbv"]["median"], 0.5))
+    print_goals(goals)
+    summary = {"target_step_ms": step_ms, "target_step_context": cfg.step_context, "target_step_reason": step_reason,
+               "target": getattr(target, "name", None), "vs_spectr_at_goal_cell": vs_spectr}
+    return bench_record("verifier", cfg, str(dev), "float64 (verifiers); float32 (target)", results, summary, goals,
+                   wall_seconds=time.perf_counter() - t_start)
