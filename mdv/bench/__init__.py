@@ -35,7 +35,7 @@ each goal of the issue is reported as met / missed next to the measured figure.
 """
 from mdv.bench.config import (BenchConfig, Benchmark, E2EBench, MemoryBench, OracleBench, PairKind, PairedBench,
                               TargetPassBench, TinyPair, VerifierBench, validate)
-from mdv.bench.e2e import interleaved_generations, rotated, run_e2e
+from mdv.bench.e2e import interleaved_generations, run_e2e
 from mdv.bench.memory import rss_trend, run_memory
 from mdv.bench.oracle import largest_size, run_oracle
 from mdv.bench.paired import run_paired_bench, run_paired_benchmark
@@ -43,7 +43,7 @@ from mdv.bench.pairs import load_pair, load_target_model, prompt_ids
 from mdv.bench.records import SCHEMA, environment, print_table, write_json
 from mdv.bench.runner import run
 from mdv.bench.target_pass import run_target_pass
-from mdv.bench.timing import interleaved, spread, time_call
+from mdv.bench.timing import interleaved, rotated, spread, time_call
 from mdv.bench.verifier import decode_step_times, run_verifier, synthetic_block
 
 __all__ = [

@@ -13,7 +13,7 @@ from mdv.bench.config import E2EBench, TinyPair
 from mdv.bench.pairs import load_pair, pair_available, pair_identity, prompt_ids, torch_device
 from mdv.bench.records import (bench_record, fmt_number, goal_record, print_goals, print_table, range_text,
                                skipped_record)
-from mdv.bench.timing import ratios_of, spread
+from mdv.bench.timing import ratios_of, rotated, spread
 
 
 
@@ -29,12 +29,6 @@ def _e2e_cells(cfg: E2EBench) -> list[tuple[str, int | None, int | None]]:
                 if (m, K, L) not in cells:
                     cells.append((m, K, L))
     return cells
-
-
-def rotated(cells: Sequence[Any], i: int) -> list[Any]:
-    """The cells in the order of round i: rotated left by i (mod the count)."""
-    s = i % len(cells)
-    return list(cells[s:]) + list(cells[:s])
 
 
 def interleaved_generations(cells: Sequence[Any], prompts: Sequence[list[int]],

@@ -22,7 +22,8 @@ def run_paired_bench(cfg: PairedBench, *, threads: int = 1, tiny: Any = None) ->
     """Run it into a temporary folder; -> the summary dict (wall, contexts/s, shares, the goal)."""
     from mdv.paired.analysis import collect
     from mdv.paired.config import PairedConfig
-    from mdv.paired.measure import load_records, run_paired
+    from mdv.paired.measure import run_paired
+    from mdv.paired.records import load_records
     from mdv.sweep import RunConfig
 
     run = RunConfig()

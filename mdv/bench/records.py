@@ -3,17 +3,18 @@ missed next to the measured figure (never asserted), and the ``bench_<name>.json
 """
 from __future__ import annotations
 
-import datetime as _dt
 import enum
 import json
 import math
 import os
-import platform
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
+
 import torch
+
+from mdv.machine import describe
 
 
 # 2: target_pass "tree" times the engine's token-tree pass (extend_tree + keep_nodes + crop), in 1 a
@@ -22,35 +23,9 @@ SCHEMA = "mdv.bench/2"
 
 
 def environment(device: str | torch.device = "cpu", dtype: str = "float64") -> dict[str, Any]:
-    """CPU, threads, torch / transformers versions, dtype, device, load average, timestamp."""
-    import mdv
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        import transformers
-
-        tf_version = transformers.__version__
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        tf_version = None
-    dev = str(device)
-    if dev.startswith("cuda") and torch.cuda.is_available():
-        dev = f"{dev} ({torch.cuda.get_device_name(torch.device(dev))})"
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:  # pragma: no cover - not on Linux
-        load = None
-    return {"cpu": cpu, "logical_cores": os.cpu_count(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": tf_version, "dtype": dtype, "device": dev,
-            "mdv": mdv.__version__, "python": platform.python_version(), "loadavg_1_5_15": load,
-            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    """The record's ``environment``: :func:`mdv.machine.describe` (CPU, threads, versions, dtype, device, load
+    average, timestamp)."""
+    return describe(device, dtype)
 
 
 def fmt_number(x: Any, digits: int = 3) -> str:

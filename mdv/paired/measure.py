@@ -26,8 +26,6 @@ rerun skips them, two runs at once never compute one record.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,10 +38,10 @@ import torch
 from mdv.errors import InvalidInputError, MdvError
 from mdv.paired.conditional import all_conditional, tree_nodes
 from mdv.paired.config import PairedConfig, validate_paired
+from mdv.paired.records import SCHEMA, paired_dir, read_record, record_config, record_id
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "mdv.paired/2"  # /2: reach at every (K, L), not only L = L_max
 #: Offset between a prompt's trajectory seed and its draft seed (two independent streams).
 DRAFT_SEED_OFFSET = 2 ** 40
 
@@ -194,36 +192,6 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
     return {"trajectory": {"seed": int(seed), "tokens": [int(t) for t in traj.tokens],
                            "target_steps": traj.target_steps, "reused_laws": traj.reused},
             "draft_seed": int(seed) + DRAFT_SEED_OFFSET, "contexts": contexts, "timing": asdict(timing)}
-
-
-# ----------------------------------------------------------------------------------------- records
-def record_config(cfg: PairedConfig, *, dataset: str, temperature: float, top_k: Optional[int],
-                  top_p: Optional[float], seed: int, models: str) -> dict[str, Any]:
-    """What determines a record's numbers (its id hashes it)."""
-    return {"dataset": dataset, "K_max": cfg.K_max, "L_max": cfg.L_max, "stride": cfg.stride,
-            "n_tokens": cfg.n_tokens, "methods": list(cfg.methods), "optimum_draws": cfg.optimum_draws,
-            "temperature": float(temperature), "top_k": top_k, "top_p": top_p, "seed": int(seed), "models": models}
-
-
-def record_id(config: dict[str, Any], prompt_index: int) -> str:
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
-    T = f"{config['temperature']:g}"
-    return f"{config['dataset']}__p{prompt_index:03d}__K{config['K_max']}_L{config['L_max']}_T{T}__{digest}"
-
-
-def paired_dir(results_dir: str | Path) -> Path:
-    return Path(results_dir) / "paired"
-
-
-def read_record(path: Path) -> Optional[dict[str, Any]]:
-    """A finished record, or None when the file is absent, unreadable or not of this ``SCHEMA`` with status ok."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("status") != "ok":
-        return None
-    return data
 
 
 @dataclass
@@ -515,20 +483,4 @@ def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[st
     return path
 
 
-def load_records(results_dir: str | Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Every finished record under ``<results_dir>/paired``; unreadable or failed files are named by
-    ``warn`` and left out."""
-    folder = paired_dir(results_dir)
-    out = []
-    for path in sorted(folder.glob("*__p*.json")) if folder.is_dir() else []:  # record ids (not calibration.json)
-        rec = read_record(path)
-        if rec is None:
-            if warn is not None:
-                warn(f"paired record {path} is unreadable, failed or not {SCHEMA}; left out")
-            continue
-        out.append(rec)
-    return out
-
-
-__all__ = ["PairedReport", "PromptTiming", "SCHEMA", "contexts_of", "load_records", "measure_prompt",
-           "paired_dir", "read_record", "record_config", "record_id", "run_paired"]
+__all__ = ["PairedReport", "PromptTiming", "contexts_of", "measure_prompt", "run_paired"]

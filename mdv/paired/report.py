@@ -311,7 +311,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
     """Write the paired report for ``results_dir`` into ``out_dir``; None when there are no paired records.
     ``cells``: loaded sweep cells (``mdv.analysis.Cell``) for the measured-speedup check."""
     from mdv.paired.cost import Calibration, load_cost_profile
-    from mdv.paired.measure import load_records, paired_dir
+    from mdv.paired.records import load_records, paired_dir
 
     opts = opts or A.Options()
     warn = warn or (lambda s: None)
@@ -493,7 +493,7 @@ __all__ = ["PairedReportResult", "plot_be_vs_k", "plot_be_vs_l", "plot_optimalit
 
 def report_options(records_dir: str | Path) -> tuple[A.Options, dict[str, Any]]:
     """The statistics options and headline settings the run stored in its records (defaults otherwise)."""
-    from mdv.paired.measure import load_records
+    from mdv.paired.records import load_records
 
     recs = load_records(records_dir)
     a = recs[0].get("analysis", {}) if recs else {}
@@ -522,7 +522,7 @@ def analyze_results(results_dir: str | Path, out_dir: str | Path | None = None,
     try:
         cells_result = analyze(results_dir, out, warn)
     except AnalysisError as e:
-        from mdv.paired.measure import load_records
+        from mdv.paired.records import load_records
 
         if not load_records(results_dir):
             raise AnalysisError(f"{e}; and no paired records under {Path(results_dir) / 'paired'}") from None

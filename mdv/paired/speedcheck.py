@@ -5,7 +5,7 @@ iteration] from the paired contexts.  This module measures the same SR on real `
 the same prompts, so the prediction error can be read off:
 
 * **Interleaved.**  Prompt by prompt, AR and every cell run once each, the order rotated by one per
-  prompt (:func:`mdv.bench.rotated`, as the e2e benchmark does), so a drift of the machine's load hits every cell
+  prompt (:func:`mdv.bench.timing.rotated`, as the e2e benchmark does), so a drift of the machine's load hits every cell
   alike and the per-prompt ratio AR seconds ÷ method seconds cancels it.  A sweep's cells run one after
   the other and cannot do that: there a load change between two cells is read as a speedup.
 * **Same prompts, same seeds.**  The first ``n_prompts`` prompts of each dataset of the paired run
@@ -94,7 +94,7 @@ class InterleavedCheck:
     def run_round(self, i: int) -> None:
         from mdv.engine import generate
 
-        from mdv.bench import rotated
+        from mdv.bench.timing import rotated
 
         pr = self.rounds[i]
         for m, K, L in rotated(self.cells, i):

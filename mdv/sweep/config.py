@@ -18,16 +18,41 @@ DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
 # ----------------------------------------------------------------------------------- names (enums)
-class Method(str, Enum):
-    """Methods a sweep can run: the autoregressive baseline and every registered verifier."""
+def _method_enum() -> type[Enum]:
+    from mdv.verify.registry import VERIFIERS
 
-    ar = "ar"
-    sd = "sd"
-    spectr = "spectr"
-    bv = "bv"
-    gbv = "gbv"
-    spectr_gbv = "spectr_gbv"
-    mdbv = "mdbv"
+    members = ["ar", *VERIFIERS]
+    enum = Enum("Method", [(m, m) for m in members], type=str, module=__name__, qualname="Method")
+    enum.__doc__ = ("Methods a sweep can run: the autoregressive baseline and every registered verifier, plug-ins"
+                    " included (built from mdv.verify.registry when the schema is imported).")
+    return enum
+
+
+#: Methods a sweep can run: ``ar`` and every name in :data:`mdv.verify.registry.VERIFIERS`.
+Method = _method_enum()
+
+
+def method_names(kind: str = "all") -> list[str]:
+    """The method lists of ``conf/method`` (``names: ${mdv_methods:<kind>}``), from the registry:
+    ``all`` -- ``ar`` and every verifier; ``lossless`` -- ``ar`` and the verifiers whose output follows the
+    target's law; ``multi_draft`` -- ``ar``, ``sd`` (the K = 1 reference) and the multi-draft verifiers."""
+    from mdv.verify.registry import VERIFIERS
+
+    keep = {"all": lambda c: True, "lossless": lambda c: c.lossless,
+            "multi_draft": lambda c: c.multi_draft or c.name == "sd"}
+    if kind not in keep:
+        raise InvalidInputError(f"${{mdv_methods:{kind}}}: unknown method list {kind!r}; use one of {', '.join(keep)}")
+    return ["ar"] + [name for name, cls in VERIFIERS.items() if keep[kind](cls)]
+
+
+def _register_resolver() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("mdv_methods"):
+        OmegaConf.register_new_resolver("mdv_methods", method_names)
+
+
+_register_resolver()
 
 
 class DatasetName(str, Enum):

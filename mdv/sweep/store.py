@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import platform
 import re
 import socket
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Optional
 
 from mdv._fs import ensure_writable_dir
 from mdv.errors import InvalidInputError
+from mdv.machine import describe
 from mdv.sweep.grid import Cell
 
 log = logging.getLogger(__name__)
@@ -308,34 +308,12 @@ def prepare_results_dir(results_dir: str | os.PathLike[str]) -> Path:
     return Path(results_dir)
 
 
-_ENV: dict[str, Any] | None = None
 
 
 def environment(dtype: str, device: str) -> dict[str, Any]:
-    """The ``environment`` block: CPU, threads, library versions, dtype, device, timestamp."""
-    global _ENV
-    import torch
-
-    if _ENV is None:
-        import transformers
-
-        import mdv
-
-        cpu = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        cpu = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
-        _ENV = {"cpu": f"{cpu} ({os.cpu_count()} logical cores)", "torch": torch.__version__,
-                "transformers": transformers.__version__, "mdv": mdv.__version__,
-                "python": platform.python_version()}
-    if device.startswith("cuda") and torch.cuda.is_available():
-        dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
-    else:
-        dev = device
-    return {**_ENV, "threads": torch.get_num_threads(), "dtype": dtype, "device": dev,
-            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    """A cell's ``environment`` block (contract ``mdv.cell/1``): CPU with its logical cores, threads, library
+    versions, dtype, device, timestamp (from :func:`mdv.machine.describe`)."""
+    d = describe(device, dtype)
+    return {"cpu": f"{d['cpu']} ({d['logical_cores']} logical cores)", "torch": d["torch"],
+            "transformers": d["transformers"], "mdv": d["mdv"], "python": d["python"], "threads": d["threads"],
+            "dtype": dtype, "device": d["device"], "timestamp": d["timestamp"]}

@@ -17,9 +17,11 @@ from torch import Tensor
 
 from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, normalize_or
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.registry import register_verifier
 from mdv.verify.sd import token_probs
 
 
+@register_verifier
 class BlockVerification(Verifier):
     """``bv``: block verification of a single draft."""
 

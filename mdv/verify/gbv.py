@@ -30,6 +30,7 @@ from mdv.errors import InvalidInputError
 from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, normalize_or, safe_ratio
 from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.registry import register_verifier
 from mdv.verify.sd import token_probs
 
 
@@ -65,6 +66,7 @@ def greedy_residual(ratio: Tensor, target: Tensor, q: Tensor) -> Tensor:
     return normalize_or(ratio.unsqueeze(-1) * target - q, target)
 
 
+@register_verifier
 class GreedyBlockVerification(Verifier):
     """``gbv``: single-draft greedy block verification with the target adjustment (§5)."""
 

@@ -42,6 +42,7 @@ from torch import Tensor
 from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, normalize_or, row_sum, safe_ratio
 from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows, residual_chain_step
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.registry import register_verifier
 from mdv.verify.gbv import greedy_block_h, log_joints
 from mdv.verify.sd import token_probs
 
@@ -272,6 +273,7 @@ def _draft_exit(block: Block, rows: _EffectiveRows, toks: list[list[int]], k: in
     return 0
 
 
+@register_verifier
 class MultiDraftBlockVerification(Verifier):
     """``mdbv``: exact multi-draft greedy block verification by sequential block coupling."""
 

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from mdv.verify._math import categorical, normalize_or
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.registry import register_verifier
 
 
 def token_probs(dist: Tensor, tokens: Tensor) -> Tensor:
@@ -21,6 +22,7 @@ def token_probs(dist: Tensor, tokens: Tensor) -> Tensor:
     return dist.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
 
 
+@register_verifier
 class SpeculativeSampling(Verifier):
     """``sd``: single-draft token-level speculative sampling."""
 

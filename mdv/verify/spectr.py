@@ -40,6 +40,7 @@ from torch import Tensor
 
 from mdv.verify._math import TOL, categorical, normalize_or
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.registry import register_verifier
 
 #: Bisection steps for rho*: the bracket [1, k] (k <= a few dozen) shrinks below float64 resolution.
 RHO_ITERS = 60
@@ -216,6 +217,7 @@ def kseq_accept_prob(p_x: Tensor, q_x: Tensor, rho: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------- the verifier
+@register_verifier
 class SpecTr(Verifier):
     """``spectr``: K i.i.d. drafts, K-SEQ selection at every depth over the drafts still agreeing with
     the accepted prefix (algorithms.md §3.2).  Per-iteration valid (lossless); K = 1 is SD."""

@@ -68,6 +68,7 @@ from torch import Tensor
 
 from mdv.verify._math import TOL, categorical, normalize_or, row_sum
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.registry import register_verifier
 from mdv.verify.sd import token_probs
 
 # Below this log-value, 1 - (1 - x)^K is replaced by its first-order value K x (relative error ~K x,
@@ -233,6 +234,7 @@ def _certified_accept(coin: float, phi: float, S: float, err: float) -> bool | N
     return None
 
 
+@register_verifier
 class SpecTrGBV(Verifier):
     """``spectr_gbv``: SpecTr-GBV's Algorithm 1 as implemented in the official code (§6.2), stateless.
 
