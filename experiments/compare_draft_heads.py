@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
 
-    from experiments.train_draft import chat_ids, step_costs
+    from mdv.distill.data import chat_ids
+    from mdv.distill.head_subset import step_costs
     from mdv.bench import interleaved_generations, prompt_ids
     from mdv.engine import generate
     from mdv.models import HFModel

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import math
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -27,14 +26,14 @@ EXACT_TV = 1e-9
 
 @dataclass
 class TheoryConfig:
-    """Grid of the theory tables (Hydra schema: conf/theory.yaml)."""
+    """Grid of the theory tables (Hydra schema: mdv/conf/theory.yaml)."""
 
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     vocab_sizes: list[int] = field(default_factory=lambda: [3, 2])
     K: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
     L: list[int] = field(default_factory=lambda: [1, 2, 3])
     temperatures: list[float] = field(default_factory=lambda: [1.0, 0.5])
-    methods: list[str] = field(default_factory=lambda: ["sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv"])
+    methods: list[str] = field(default_factory=lambda: list(VERIFIERS))  # every registered verifier
     zero_prob: float = 0.2
     max_tuples: int = 4096  # largest V^(K·L) enumerated for E[tau] and the LPs
     tv_max_tuples: int = 729  # exactness verdicts (laws over L+2 tokens) where V^(K·L) <= this

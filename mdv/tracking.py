@@ -1,6 +1,6 @@
 """Experiment tracking for sweeps: W&B (offline by default) or nothing.
 
-``logger=wandb`` (``conf/logger/wandb.yaml``) makes :func:`mdv.sweep.run_sweep` log, in one W&B run per
+``logger=wandb`` (``mdv/conf/logger/wandb.yaml``) makes :func:`mdv.sweep.run_sweep` log, in one W&B run per
 sweep process (``job_type="sweep"``, grouped by experiment name):
 
 * the whole sweep config as the run config;

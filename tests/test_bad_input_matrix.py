@@ -56,7 +56,7 @@ PROMPT = [1, 5, 7]
 
 def options(group: str) -> str:
     """The options of a config group, as the error line lists them."""
-    return ", ".join(sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml")))
+    return ", ".join(sorted(p.stem for p in (REPO / "mdv" / "conf" / group).glob("*.yaml")))
 CONTEXT = 32  # the tiny pair's context: a 40-token prompt does not fit
 
 
@@ -527,7 +527,7 @@ CLI_CASES: dict[str, CliCase] = {
     "run/unknown-models": CliCase("run", {"models": "nope"}, r"unknown models option 'nope'; valid models options"
                                   rf" are: {options('models')} \(set it with models=<option>\)$"),
     "run/unknown-method-in-list": CliCase("run", {"method.names": "[sd,nope]"},
-                                          r"method.names=\[sd,nope\]; Invalid value 'nope', expected one of \[ar, sd,"),
+                                          r"method.names=\[sd,nope\]; Invalid value 'nope', expected one of \[ar, bv, gbv,"),
     "run/K=0": CliCase("run", {"sweep.K": "[0]"}, r"sweep.K must be a non-empty list of integers >= 1; got \[0\]"
                                                   r" \(e.g. sweep.K=\[1,2,3\]\)"),
     "run/negative-T": CliCase("run", {"sampling.temperatures": "[-0.4]"},

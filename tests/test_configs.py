@@ -23,9 +23,9 @@ import experiments.run  # noqa: F401  (registers the run_schema and the mdv_hydr
 from mdv.sweep import RunConfig, Task, expand_grid, to_run_config, validate
 
 REPO = Path(__file__).resolve().parent.parent
-CONF = REPO / "conf"
+CONF = REPO / "mdv" / "conf"
 GROUPS = ("method", "models", "dataset", "sampling", "sweep", "logger", "paired", "experiment")
-ALL_METHODS = ["ar", "sd", "spectr", "bv", "gbv", "spectr_gbv", "mdbv"]
+ALL_METHODS = ["ar", "bv", "gbv", "mdbv", "sd", "spectr", "spectr_gbv"]  # the baseline, then the registry (name order)
 ALL_DATASETS = ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"]
 
 

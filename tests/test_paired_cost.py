@@ -271,7 +271,7 @@ def test_missing_or_corrupt_calibration_files(tmp_path: Path) -> None:
 
 # ================================================================================ (e) cost profiles
 def test_the_shipped_gpu_like_profile() -> None:
-    prof = load_cost_profile(REPO / "conf" / "cost" / "gpu_like.yaml")
+    prof = load_cost_profile(REPO / "mdv" / "conf" / "cost" / "gpu_like.yaml")
     assert prof == CostProfile(alpha=0.1, c=0.05, name="gpu_like")
 
 

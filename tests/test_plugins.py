@@ -49,7 +49,7 @@ PLUGIN = {
 def test_builtins_fill_the_registry_and_every_list_derives_from_it() -> None:
     assert list(VERIFIERS)[:6] == BUILTINS
     assert [m.value for m in Method][:7] == ["ar", *BUILTINS]
-    # the preset lists of conf/method, from the classes' own flags
+    # the preset lists of mdv/conf/method, from the classes' own flags
     assert method_names("lossless")[:6] == ["ar", "bv", "gbv", "mdbv", "sd", "spectr"]
     assert method_names("multi_draft")[:5] == ["ar", "mdbv", "sd", "spectr", "spectr_gbv"]
     with pytest.raises(InvalidInputError, match="unknown method list 'fast'"):

@@ -1,4 +1,4 @@
-"""The draft recipe's pure pieces (experiments/train_draft.py): the distillation loss over a full or a
+"""The draft recipe's pure pieces (mdv.distill): the distillation loss over a full or a
 subset head, the centred-logit Gram identity, the head-subset ranking and the early option checks.
 The recipe itself needs the target file and hours of CPU; its output is measured in draft_report.json."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments import train_draft as td
+from mdv.distill import head_subset, recipe, teacher
 from mdv.errors import InvalidInputError
 
-REPO_CONF = "conf/train_draft.yaml"
+REPO_CONF = "mdv/conf/train_draft.yaml"
 
 
 def _states(n: int = 6, d: int = 5, V: int = 11, seed: int = 0):
@@ -22,7 +22,7 @@ def _states(n: int = 6, d: int = 5, V: int = 11, seed: int = 0):
 
 def test_centered_gram_is_the_mean_squared_centred_logit_difference():
     a, b, head = _states()
-    gram = td.centered_gram(head).double()
+    gram = teacher.centered_gram(head).double()
     la, lb = a @ head.T, b @ head.T
     centred = (la - la.mean(-1, keepdim=True)) - (lb - lb.mean(-1, keepdim=True))
     want = (centred ** 2).mean(-1)
@@ -34,9 +34,9 @@ def test_centered_gram_is_the_mean_squared_centred_logit_difference():
 def test_distill_loss_is_the_kl_over_the_given_head_rows(subset):
     hd, ht, head = _states()
     rows_head = head if subset is None else head[subset]
-    gram = td.centered_gram(head).double()
+    gram = teacher.centered_gram(head).double()
     temperature, kl_rows = 0.7, torch.tensor([0, 2, 5])
-    loss, stats = td.distill_loss(hd, ht, rows_head, gram, temperature, kl_rows, mse_weight=0.0)
+    loss, stats = teacher.distill_loss(hd, ht, rows_head, gram, temperature, kl_rows, mse_weight=0.0)
     p = torch.softmax(ht[kl_rows] @ rows_head.T / temperature, -1)  # teacher law on these rows only
     q = torch.softmax(hd[kl_rows] @ rows_head.T / temperature, -1)
     want = (p * (p.log() - q.log())).sum(-1).mean()
@@ -47,8 +47,8 @@ def test_distill_loss_is_the_kl_over_the_given_head_rows(subset):
 
 def test_distill_loss_without_kl_rows_is_the_weighted_mse():
     hd, ht, head = _states()
-    gram = td.centered_gram(head).double()
-    loss, stats = td.distill_loss(hd, ht, head, gram, 1.0, torch.empty(0, dtype=torch.long), mse_weight=0.5)
+    gram = teacher.centered_gram(head).double()
+    loss, stats = teacher.distill_loss(hd, ht, head, gram, 1.0, torch.empty(0, dtype=torch.long), mse_weight=0.5)
     d = hd - ht
     torch.testing.assert_close(loss, 0.5 * ((d @ gram) * d).sum(-1).mean())
     assert "kl" not in stats
@@ -56,7 +56,7 @@ def test_distill_loss_without_kl_rows_is_the_weighted_mse():
 
 def test_distill_loss_is_zero_when_draft_equals_teacher():
     _, ht, head = _states()
-    loss, stats = td.distill_loss(ht.clone(), ht, head, td.centered_gram(head).double(), 1.0, torch.arange(6), 1.0)
+    loss, stats = teacher.distill_loss(ht.clone(), ht, head, teacher.centered_gram(head).double(), 1.0, torch.arange(6), 1.0)
     assert abs(float(loss)) < 1e-12 and stats["top1"] == 1.0
 
 
@@ -65,7 +65,7 @@ def test_head_ranking_puts_always_ids_first_then_mixed_frequency_then_unseen_by_
 
     gen = Counter({5: 3, 7: 1})            # relative 0.75, 0.25
     text = Counter({7: 1, 2: 1, 9: 2})     # relative 0.25, 0.25, 0.5
-    ranking = td.head_ranking(gen, text, vocab_size=10, generation_weight=0.5, always=[8, 5])
+    ranking = head_subset.head_ranking(gen, text, vocab_size=10, generation_weight=0.5, always=[8, 5])
     # scores: 5 -> 0.375, 7 -> 0.25, 9 -> 0.25, 2 -> 0.125 (ties by id)
     assert ranking == [8, 5, 7, 9, 2, 0, 1, 3, 4, 6]
 
@@ -78,7 +78,7 @@ def _cfg(**overrides):
 
 
 def test_shipped_config_passes_the_option_checks():
-    td.check_options(_cfg())
+    recipe.check_options(_cfg())
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -97,12 +97,12 @@ def test_shipped_config_passes_the_option_checks():
 ])
 def test_bad_recipe_options_fail_before_any_work(overrides, message):
     with pytest.raises(InvalidInputError, match=message):
-        td.check_options(_cfg(**overrides))
+        recipe.check_options(_cfg(**overrides))
 
 
 def test_greedy_generation_is_accepted_with_one_sample_per_prompt():
-    td.check_options(_cfg(**{"gen.temperature": 0.0, "gen.samples_per_prompt": 1}))
+    recipe.check_options(_cfg(**{"gen.temperature": 0.0, "gen.samples_per_prompt": 1}))
 
 
 def test_full_head_distillation_needs_no_subset():
-    td.check_options(_cfg(**{"distill.head": "full", "head_subset.enabled": False}))
+    recipe.check_options(_cfg(**{"distill.head": "full", "head_subset.enabled": False}))

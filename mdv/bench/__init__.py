@@ -1,6 +1,6 @@
 """Benchmarks that compare side by side (the engine of ``experiments/bench``, issue 5).
 
-    config.py      the typed schema (``conf/bench.yaml``) and validate
+    config.py      the typed schema (``mdv/conf/bench.yaml``) and validate
     timing.py      interleaved repeats, spreads, ratios within a repeat
     records.py     the environment, printed tables, goals, ``bench_<name>.json``
     pairs.py       the model pairs and prompts the benchmarks run on

@@ -1,4 +1,4 @@
-"""The benchmarks' typed schema (``conf/bench.yaml``): one dataclass per benchmark, :class:`BenchConfig`, and
+"""The benchmarks' typed schema (``mdv/conf/bench.yaml``): one dataclass per benchmark, :class:`BenchConfig`, and
 :func:`validate`, which checks a whole config before any benchmark runs.
 """
 from __future__ import annotations
@@ -178,11 +178,11 @@ class TinyPair:
 
 @dataclass
 class BenchConfig:
-    """Schema of ``conf/bench.yaml``."""
+    """Schema of ``mdv/conf/bench.yaml``."""
 
     #: every benchmark but ``paired`` (a full paired run, ~10-20 min on 2 cores): ``benchmarks=[paired]`` runs it
     benchmarks: list[Benchmark] = field(default_factory=lambda: [b for b in Benchmark if b != Benchmark.paired])
-    #: torch intra-op threads (the machine's cores by default in conf/bench.yaml).
+    #: torch intra-op threads (the machine's cores by default in mdv/conf/bench.yaml).
     threads: int = 2
     #: weights dtype of the models (float32, bfloat16, float16, float64); verification is float64 always.
     dtype: str = "float32"

@@ -7,6 +7,7 @@ import gc
 import statistics
 import time
 from typing import Any, Optional, Sequence
+
 import torch
 
 from mdv.bench.config import MemoryBench, TinyPair

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from typing import Any, Optional, Sequence
+
 import torch
 
 from mdv.bench.config import PairKind, TinyPair

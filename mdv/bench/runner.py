@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
 import torch
 
 from mdv.bench.config import BenchConfig, Benchmark, PairKind, validate

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from typing import Any, Optional
+
 import torch
 from torch import Tensor
 

@@ -7,6 +7,7 @@ import math
 import statistics
 import time
 from typing import Any, Callable, Sequence
+
 import torch
 
 

@@ -8,6 +8,7 @@ import functools
 import statistics
 import time
 from typing import Any, Callable
+
 import torch
 
 from mdv.bench.config import TinyPair, VerifierBench

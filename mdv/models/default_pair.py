@@ -5,7 +5,7 @@ smollm2-135m-instruct``).  The draft is a :class:`transformers.LlamaForCausalLM`
 hidden size, tokenizer and vocabulary (49,152) and only a few decoder layers.  Its token embedding
 and (tied) output head are the target's own, copied in at load time from the target file, so the
 repository ships only the trained decoder layers and the final norm (``mdv/assets_data/``, fp16
-safetensors + a JSON config).  ``experiments/train_draft.py`` (``conf/train_draft.yaml``) is the
+safetensors + a JSON config).  ``experiments/train_draft.py`` (``mdv/conf/train_draft.yaml``) is the
 recipe that produced them.
 
 On a CPU the 49,152-row output head costs most of a draft step, so by default the draft's head keeps

@@ -1,4 +1,4 @@
-"""Typed config of the paired measurement (Hydra group ``paired``, ``conf/paired/*.yaml``; the
+"""Typed config of the paired measurement (Hydra group ``paired``, ``mdv/conf/paired/*.yaml``; the
 ``paired`` field of :class:`mdv.sweep.RunConfig`)."""
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class PairedConfig:
     iteration.  level, n_boot: confidence level and bootstrap resamples.  headline_K / headline_L: where
     the ordering claim is read (clipped to K_max / L_max).  calibrate: time this machine's passes for the
     speedup prediction (``calibration.json``, reused when it matches the machine and models).
-    cost_profiles: names in ``conf/cost/`` or YAML paths of hardware profiles to predict speedups for.
+    cost_profiles: names in ``mdv/conf/cost/`` or YAML paths of hardware profiles to predict speedups for.
     workers: processes that measure prompts at once (each loads the models and takes one torch thread; the
     per-record locks share the work).  The sweep's timed cells and the calibration run before, alone.
     calibration: a calibration file to use instead of calibrating (refused when it was made on another

@@ -39,7 +39,7 @@ Two cost sources plug into (2):
   sessions), saved as JSON and reloaded only on the same machine for the same models
   (:func:`load_calibration`);
 * :class:`CostProfile` -- a user-supplied hardware profile in target-step units, ``t = c·L + 1 + α·(N − 1)``
-  (``conf/cost/*.yaml``, :func:`load_cost_profile`), for predicting another machine (e.g. a GPU, where
+  (``mdv/conf/cost/*.yaml``, :func:`load_cost_profile`), for predicting another machine (e.g. a GPU, where
   the pass is memory-bound and extra tree positions are nearly free) from the same per-context tokens.
 
 ``target_s`` is measured at a subset of node counts (1, 2, 3, 5, 9, 17, 33, ... = 1 + 2^j, and exactly
@@ -336,7 +336,7 @@ def load_cost_profile(path: str | os.PathLike[str]) -> CostProfile:
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise MissingAssetError(f"cost profile not found: {path}; see conf/cost/gpu_like.yaml for an example") from None
+        raise MissingAssetError(f"cost profile not found: {path}; see mdv/conf/cost/gpu_like.yaml for an example") from None
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InvalidInputError(f"cost profile {path} is not valid YAML ({first}); fix the file") from None

@@ -297,11 +297,11 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
 
 
 def resolve_cost_profile(name: str) -> Path:
-    """A cost profile by name (``conf/cost/<name>.yaml``) or path."""
+    """A cost profile by name (``mdv/conf/cost/<name>.yaml``) or path."""
     p = Path(name)
     if p.suffix in (".yaml", ".yml") or p.exists():
         return p
-    return Path(__file__).resolve().parents[2] / "conf" / "cost" / f"{name}.yaml"
+    return Path(__file__).resolve().parents[1] / "conf" / "cost" / f"{name}.yaml"
 
 
 def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Options | None = None,

@@ -1,6 +1,6 @@
 """Sweeps: a typed grid of cells, each run once into its own result file, resumable and safe to share.
 
-    config.py      the typed Hydra schema (``conf/run_schema``): enums, one dataclass per group, validate
+    config.py      the typed Hydra schema (``run_schema``): enums, one dataclass per group, validate
     grid.py        Cell, expand_grid (the AR baseline and single-draft collapse of K), prompt seeds
     store.py       result files written atomically, per-cell locks, stale files of dead processes, the
                    machine description every record carries

@@ -1,4 +1,4 @@
-"""The sweep's typed Hydra schema (``conf/run_schema``): names as enums, one dataclass per config group, and
+"""The sweep's typed Hydra schema (``run_schema``): names as enums, one dataclass per config group, and
 :func:`validate`, which checks a whole :class:`RunConfig` before any work starts.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ Method = _method_enum()
 
 
 def method_names(kind: str = "all") -> list[str]:
-    """The method lists of ``conf/method`` (``names: ${mdv_methods:<kind>}``), from the registry:
+    """The method lists of ``mdv/conf/method`` (``names: ${mdv_methods:<kind>}``), from the registry:
     ``all`` -- ``ar`` and every verifier; ``lossless`` -- ``ar`` and the verifiers whose output follows the
     target's law; ``multi_draft`` -- ``ar``, ``sd`` (the K = 1 reference) and the multi-draft verifiers."""
     from mdv.verify.registry import VERIFIERS
@@ -82,7 +82,7 @@ class LoggerKind(str, Enum):
 
 
 class Task(str, Enum):
-    """What ``experiments/run.py`` does: a sweep of real-model cells, the paired measurement alone
+    """What ``mdv run`` (``python -m experiments.run``) does: a sweep of real-model cells, the paired measurement alone
     (:mod:`mdv.paired`), or the exact theory tables."""
 
     sweep = "sweep"
@@ -92,14 +92,18 @@ class Task(str, Enum):
 
 @dataclass
 class MethodGroup:
-    """``conf/method/*``: the methods of the grid (``ar`` = the autoregressive baseline)."""
+    """``mdv/conf/method/*``: the methods of the grid (``ar`` = the autoregressive baseline)."""
 
     names: list[Method] = field(default_factory=lambda: list(Method))
+
+    def __post_init__(self) -> None:
+        # `${mdv_methods:...}` (conf/method/all.yaml) resolves to plain strings: make them members too
+        self.names = [n if isinstance(n, Method) else Method(n) for n in self.names]
 
 
 @dataclass
 class DatasetGroup:
-    """``conf/dataset/*``: datasets, prompts per dataset, and where the prompts come from.
+    """``mdv/conf/dataset/*``: datasets, prompts per dataset, and where the prompts come from.
 
     source: ``auto`` (the hub unless ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set, else the offline
     source: a registry package or an honestly named stand-in), ``hub``, ``offline``, ``package`` or
@@ -117,7 +121,7 @@ class DatasetGroup:
 
 @dataclass
 class SamplingGroup:
-    """``conf/sampling/*``: one sampling transform applied identically to target and draft."""
+    """``mdv/conf/sampling/*``: one sampling transform applied identically to target and draft."""
 
     temperatures: list[float] = field(default_factory=lambda: [0.4])
     top_k: Optional[int] = None
@@ -127,7 +131,7 @@ class SamplingGroup:
 
 @dataclass
 class SweepGroup:
-    """``conf/sweep/*``: the K (drafts) x L (draft length) x seed axes of the grid."""
+    """``mdv/conf/sweep/*``: the K (drafts) x L (draft length) x seed axes of the grid."""
 
     K: list[int] = field(default_factory=lambda: [3])
     L: list[int] = field(default_factory=lambda: [4])
@@ -136,7 +140,7 @@ class SweepGroup:
 
 @dataclass
 class ModelsGroup:
-    """``conf/models/*``: the target/draft pair.
+    """``mdv/conf/models/*``: the target/draft pair.
 
     name: the short identity recorded as ``config.models`` in every cell (AR baselines pair with
     methods on it).  target / draft: asset names (``assets``), hub ids, local folders or .gguf paths
@@ -160,7 +164,7 @@ class ModelsGroup:
 
 @dataclass
 class LoggerGroup:
-    """``conf/logger/*``: experiment tracking (:mod:`mdv.tracking`); off unless ``logger=wandb``.
+    """``mdv/conf/logger/*``: experiment tracking (:mod:`mdv.tracking`); off unless ``logger=wandb``.
 
     mode: null = ``$WANDB_MODE`` if set, else ``offline`` (sync later with ``wandb sync``).
     dir: null = ``$WANDB_DIR`` if set, else the results folder.  group: null = the experiment name.
@@ -177,7 +181,7 @@ class LoggerGroup:
 
 @dataclass
 class RunConfig:
-    """The whole config of ``experiments/run.py`` (Hydra schema ``run_schema``, ``conf/config.yaml``).
+    """The whole config of ``mdv run`` (Hydra schema ``run_schema``, ``mdv/conf/config.yaml``).
 
     name: the experiment name; results_dir defaults to ``outputs/<name>`` so a rerun resumes.
     threads: ``torch.set_num_threads`` (null: torch's default).  progress: tqdm bars.

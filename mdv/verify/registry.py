@@ -12,7 +12,7 @@ imported:
    error, so a broken plug-in never breaks mdv.
 
 Everything that lists methods derives from :data:`VERIFIERS`: ``mdv.generate``'s ``method`` choices, the
-sweep schema's ``Method`` enum and ``conf/method/all.yaml`` (``${mdv_methods:all}``), the paired
+sweep schema's ``Method`` enum and ``mdv/conf/method/all.yaml`` (``${mdv_methods:all}``), the paired
 measurement's default ``paired.methods``.  ``get_verifier`` validates the name and lists the choices.
 """
 from __future__ import annotations
