@@ -205,9 +205,9 @@ def test_rss_trend_separates_noise_from_a_leak() -> None:
 
 
 def test_missing_default_pair_is_skipped_with_a_reason(monkeypatch) -> None:
-    import mdv.bench.e2e as e2e
+    import mdv.bench.pairs as pairs
 
-    monkeypatch.setattr(e2e, "pair_available", lambda pair: (False, "draft files missing"))
+    monkeypatch.setattr(pairs, "pair_available", lambda pair: (False, "draft files missing"))
     rec = bench.run_e2e(E2EBench())
     assert rec["status"] == "skipped" and "draft files missing" in rec["reason"]
 

@@ -10,9 +10,8 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from mdv.bench.config import E2EBench, TinyPair
-from mdv.bench.pairs import load_pair, pair_available, pair_identity, prompt_ids, torch_device
-from mdv.bench.records import (bench_record, fmt_number, goal_record, print_goals, print_table, range_text,
-                               skipped_record)
+from mdv.bench.pairs import pair_for, pair_identity, prompt_ids, torch_device
+from mdv.bench.records import bench_record, fmt_number, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, rotated, spread
 
 
@@ -50,11 +49,9 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
 
     t_start = time.perf_counter()
     dev = torch_device(device)
-    if pair is None:
-        ok, why = pair_available(cfg.pair)
-        if not ok:
-            return skipped_record("e2e", cfg, f"default pair unavailable: {why}")
-        pair = load_pair(dev, cfg.pair, tiny, dtype)
+    pair = pair_for("e2e", cfg, pair, tiny, dev, dtype)
+    if isinstance(pair, dict):  # the pair's files are absent: the skipped record
+        return pair
     target, draft, tok = pair
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     cells = _e2e_cells(cfg)

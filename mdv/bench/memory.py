@@ -11,8 +11,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from mdv.bench.config import MemoryBench, TinyPair
-from mdv.bench.pairs import load_pair, pair_available, pair_identity, prompt_ids, torch_device
-from mdv.bench.records import bench_record, fmt_number, goal_record, print_goals, print_table, skipped_record
+from mdv.bench.pairs import pair_for, pair_identity, prompt_ids, torch_device
+from mdv.bench.records import bench_record, fmt_number, goal_record, print_goals, print_table
 
 
 def _rss_bytes() -> tuple[int | None, int | None]:
@@ -83,11 +83,9 @@ def run_memory(cfg: MemoryBench, pair: tuple[Any, Any, Any] | None = None, tiny:
 
     t_start = time.perf_counter()
     dev = torch_device(device)
-    if pair is None:
-        ok, why = pair_available(cfg.pair)
-        if not ok:
-            return skipped_record("memory", cfg, f"default pair unavailable: {why}")
-        pair = load_pair(dev, cfg.pair, tiny, dtype)
+    pair = pair_for("memory", cfg, pair, tiny, dev, dtype)
+    if isinstance(pair, dict):  # the pair's files are absent: the skipped record
+        return pair
     target, draft, tok = pair
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     gc.collect()

@@ -9,6 +9,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from mdv.bench.config import PairKind, TinyPair
+from mdv.bench.records import skipped_record
 
 
 #: Used when :mod:`mdv.data` cannot provide prompts (or ``datasets: []``).
@@ -106,6 +107,18 @@ def pair_available(pair: PairKind) -> tuple[bool, str]:
     from mdv.models.default_pair import default_pair_available
 
     return default_pair_available()
+
+
+def pair_for(name: str, cfg: Any, pair: tuple[Any, Any, Any] | None, tiny: TinyPair | None, device: torch.device,
+             dtype: str) -> tuple[Any, Any, Any] | dict[str, Any]:
+    """The (target, draft, tokenizer) benchmark ``name`` runs on: ``pair`` when given, else ``cfg.pair``
+    loaded on ``device``; the benchmark's skipped record (a dict) when that pair's files are absent."""
+    if pair is not None:
+        return pair
+    ok, why = pair_available(cfg.pair)
+    if not ok:
+        return skipped_record(name, cfg, f"default pair unavailable: {why}")
+    return load_pair(device, cfg.pair, tiny, dtype)
 
 
 def prompt_ids(tokenizer: Any, datasets: Sequence[str], n: int, seed: int = 0) -> tuple[list[list[int]], str]:
