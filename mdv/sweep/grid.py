@@ -1,7 +1,5 @@
 """Cells: the points of a sweep's grid, and the seeds of their prompts.
 
-The experiment runner: expand a grid into cells, run each cell once, write one result file per cell.
-
 A **cell** is one (dataset, method, K, L, temperature, top-k, top-p, max_new_tokens, seed, n_prompts,
 models) combination.  :func:`expand_grid` turns a :class:`RunConfig` (lists of methods, datasets, K, L,
 temperatures, seeds) into cells:

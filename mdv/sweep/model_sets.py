@@ -1,8 +1,8 @@
 """The model sets a sweep runs on, loaded once per process.
 
 Model sets (``models.kind``): ``default`` (the embedded SmolLM2-135M-Instruct target + mdv's trained
-draft, :mod:`mdv.models.default_pair`), ``tiny_random`` (a tiny random Llama pair built here, for tests
-and CI, with :class:`TinyTokenizer`), ``assets`` (a GGUF pair from :mod:`mdv.assets`, e.g. the optional
+draft, :mod:`mdv.models.default_pair`), ``tiny_random`` (the tiny random Llama pair of tests and CI,
+:mod:`mdv.models.tiny_random`), ``assets`` (a GGUF pair from :mod:`mdv.assets`, e.g. the optional
 Qwen2.5-Coder 1.5B/0.5B) and ``hub`` (hub ids or local folders, for users with the hub).
 """
 from __future__ import annotations
