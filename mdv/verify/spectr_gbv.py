@@ -57,6 +57,27 @@ outcome) with:
   is computed exactly as :meth:`SpecTrGBV._h` computes it: torch's elementwise functions give the same
   value per element whatever the tensor's shape, and the row sum is rounded as in _h's batched sum
   (:func:`~mdv.verify._math.row_sum`).
+
+**The released numerics** (``SpecTrGBV(precision="float32")``).  The official code (public repository
+junemily/SpecTr-GBV, ``src/engine.py``, ``Decoding.speculative_decoding``) evaluates the same rule in
+float32: the running joints ``m_s``, ``m_b`` start from ``torch.ones(1)`` and multiply the float32
+token probabilities of ``prob_history`` one by one (its lines ``m_s = m_s * prob_s[token]``,
+``m_b = m_b * prob_b[token]``); ``exp_term(x) = torch.pow(one - x, k_tensor)`` gives ``(1 - x)^K``; with
+``eps = 1e-20``, a sub-block's acceptance probability is ``numerator / (denominator + eps)`` with
+``numerator = sum(m_b * next_prob_b * exp_term(min_ratio)) - m_b * exp_term(raw_ratio)`` and
+``denominator = one - exp_term(m_s) - sum(m_b * next_prob_b * (one - exp_term(min_ratio)))``, where
+``ratio = (m_s * next_prob_s) / (m_b * next_prob_b + eps)``, ``min_ratio = min(ratio, 1)`` and
+``raw_ratio = min(m_s / (m_b + eps), 1)``; the full block's is ``(m_b * (1 - exp_term(ratio))) /
+(1 - exp_term(m_s) + eps)`` with ``ratio = min(m_s / (m_b + eps), 1)``; the residual is
+``mb * prob_b * (one - min(ms * prob_s / (mb * prob_b + eps), one) ** k_tensor)`` over its sum
+(``clamp_min(eps)``).  In float32 ``(1 - Q)^K`` rounds to 1 once ``Q`` is below ~6e-8, so the denominator of
+the full-block test becomes ``0 + eps`` and its acceptance probability ``m_b (...) / 1e-20`` is far above
+1: long blocks are accepted whatever their probabilities.  The float32 mode computes every node's
+acceptance probability with exactly these float32 operations (:meth:`SpecTrGBV._released_h`), then runs
+the same scan (the coin test ``coin < h`` of a number outside [0, 1] is a sure accept or reject, so the
+law uses h clipped to [0, 1]); the deviations are stated where they are: a coin is a float64 uniform (the
+code's ``torch.rand(1)`` is float32), and a residual of mass 0 falls back to p(.|c, u) (the code's
+``sample`` of an all-zero vector would fail).
 """
 from __future__ import annotations
 
@@ -66,6 +87,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from mdv.errors import InvalidInputError
 from mdv.verify._math import TOL, categorical, normalize_or, row_sum
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.registry import register_verifier
@@ -249,6 +271,15 @@ class SpecTrGBV(Verifier):
     name: ClassVar[str] = "spectr_gbv"
     lossless: ClassVar[bool] = False
     multi_draft: ClassVar[bool] = True
+    PRECISIONS: ClassVar[tuple[str, ...]] = ("float64", "float32")
+
+    def __init__(self, precision: str = "float64") -> None:
+        """precision: ``"float64"`` (the rule in float64, log space) or ``"float32"`` (the released code's
+        float32 arithmetic, operation for operation: module doc, "The released numerics")."""
+        if precision not in self.PRECISIONS:
+            raise InvalidInputError(f"spectr_gbv option precision must be 'float64' or 'float32'; got {precision!r}")
+        self.precision = precision
+        super().__init__()
 
     # ------------------------------------------------------------------ formulas (§6.3)
     @staticmethod
@@ -305,10 +336,67 @@ class SpecTrGBV(Verifier):
         h_mid = _h_from_scaled(phi - S, 1.0 - S)
         return torch.cat([h_mid, h_full[..., None]], -1), log_P, log_Q  # h: [B, K, L]
 
+    # ------------------------------------------------------------------ the released float32 numerics
+    @staticmethod
+    def _released_joints(block: Block) -> tuple[Tensor, Tensor]:
+        """float32 m_s, m_b [B, K, L+1] of every draft prefix: ``ones(1)`` times the token probabilities one
+        by one, left to right, as the released loop multiplies them (module doc)."""
+        tok = block.tokens.long()
+        q32 = token_probs(block.q, tok).to(torch.float32)  # [B, K, L]
+        p32 = token_probs(block.p[:, :, :-1], tok).to(torch.float32)  # [B, K, L]
+        m_s, m_b = [torch.ones_like(q32[..., 0])], [torch.ones_like(p32[..., 0])]
+        for i in range(block.L):
+            m_s.append(m_s[-1] * q32[..., i])
+            m_b.append(m_b[-1] * p32[..., i])
+        return torch.stack(m_s, -1), torch.stack(m_b, -1)
+
+    def _released_h(self, block: Block) -> Tensor:
+        """h [B, K, L] from the released float32 formulas (module doc), clipped to [0, 1] (what ``draw <
+        acceptance_prob`` gives); NaN counts as 0 (``draw < nan`` is False)."""
+        K, L = block.K, block.L
+        one, eps, k_t = torch.tensor(1.0), torch.tensor(1e-20), torch.tensor(K)  # as the code: an integer K
+        m_s, m_b = self._released_joints(block)  # [B, K, L+1]
+        p32, q32 = block.p.to(torch.float32), block.q.to(torch.float32)
+
+        def exp_term(x: Tensor) -> Tensor:
+            return torch.pow(one - x, k_t)
+
+        ms, mb = m_s[:, :, 1:L, None], m_b[:, :, 1:L, None]  # sub-blocks of length 1..L-1
+        next_b, next_s = p32[:, :, 1:L], q32[:, :, 1:L]  # [B, K, L-1, V]
+        ratio = (ms * next_s) / (mb * next_b + eps)
+        min_ratio = torch.minimum(ratio, one)
+        raw_ratio = torch.minimum(ms / (mb + eps), one)
+        numerator = torch.sum(mb * next_b * exp_term(min_ratio), -1) - (mb * exp_term(raw_ratio))[..., 0]
+        denominator = one - exp_term(ms)[..., 0] - torch.sum(mb * next_b * (one - exp_term(min_ratio)), -1)
+        h_mid = numerator / (denominator + eps)  # [B, K, L-1]
+        ms_f, mb_f = m_s[:, :, L], m_b[:, :, L]
+        ratio_f = torch.minimum(ms_f / (mb_f + eps), one)
+        h_full = (mb_f * (1 - exp_term(ratio_f))) / (1 - exp_term(ms_f) + eps)  # [B, K]
+        h = torch.cat([h_mid, h_full[..., None]], -1).to(torch.float64)
+        return torch.nan_to_num(h, nan=0.0).clamp(0.0, 1.0)
+
+    def _released_residuals(self, block: Block) -> Tensor:
+        """[B, K, L, V]: the released code's residual after accepting D_k,<=i (i = 0..L-1) in float32, as a
+        float64 law; a residual of mass 0 falls back to p(.|c, u) (module doc)."""
+        one, eps, k_t = torch.tensor(1.0), torch.tensor(1e-20), torch.tensor(block.K)
+        m_s, m_b = self._released_joints(block)
+        ms, mb = m_s[:, :, :-1, None], m_b[:, :, :-1, None]  # [B, K, L, 1]
+        prob_b, prob_s = block.p[:, :, :-1].to(torch.float32), block.q.to(torch.float32)
+        residual = mb * prob_b * (one - torch.minimum(ms * prob_s / (mb * prob_b + eps), one) ** k_t)
+        mass = residual.sum(-1, keepdim=True)
+        law = (residual / mass.clamp_min(eps)).to(torch.float64)
+        return torch.where(mass > 0, law, block.p[:, :, :-1])
+
+    def _h_and_dists_of(self, block: Block) -> tuple[Tensor, Tensor]:
+        """:meth:`h_and_dists` in this instance's precision."""
+        if self.precision == "float64":
+            return self.h_and_dists(block)
+        return self._released_h(block), torch.cat([self._released_residuals(block), block.p[:, :, -1:]], 2)
+
     def acceptance_law(self, block: Block, state: Any = None) -> Tensor:
         """P(tau = t), t = 0..L [B, L+1]: the dynamic program of :meth:`law` on h alone (:meth:`_h`), without
         the O(K·L·V) next-token laws of every node."""
-        h, _, _ = self._h(block)
+        h = self._h(block)[0] if self.precision == "float64" else self._released_h(block)
         m, F = self._scan_masses(h, block.tokens)  # [B, L, K], [B, K]
         return torch.cat([m.sum(-1), F.sum(-1, keepdim=True)], -1)  # [B, L+1]
 
@@ -351,7 +439,7 @@ class SpecTrGBV(Verifier):
         ``(1 - h_L) h_i prod_{a<j<=L-1, j>i} (1 - h_j)`` (tau and sel unchanged if none is accepted).
         Branches: (tau=0, sel=0), (tau=i, sel=k) for i = 1..L, k = 0..K-1.
         """
-        h, dists = self.h_and_dists(block)
+        h, dists = self._h_and_dists_of(block)
         m, F = self._scan_masses(h, block.tokens)
         B, K, L = block.B, block.K, block.L
         zeros = torch.zeros(B, dtype=torch.long, device=h.device)
@@ -371,6 +459,12 @@ class SpecTrGBV(Verifier):
         (:meth:`_h`), the scan of :meth:`scan`.  Either way the extra-token law is built at the chosen node
         only (O(B·V) instead of O(B·K·L·V)).
         """
+        if self.precision == "float32":
+            h = self._released_h(block)
+            tau, sel = self._scan_choice(h, longest_shared_prefix(block.tokens), uniforms.coins)
+            rows = torch.arange(block.B, device=tau.device)
+            dists = torch.cat([self._released_residuals(block), block.p[:, :, -1:]], 2)  # [B, K, L+1, V]
+            return Outcome(tau, sel, categorical(dists[rows, sel, tau], uniforms.draws[rows, tau]))
         if block.V >= LAZY_MIN_V and block.p.device.type == "cpu":
             return self._sample_lazy(block, uniforms)
         h, log_P, log_Q = self._h(block)
@@ -491,7 +585,9 @@ class SpecTrGBV(Verifier):
     # ------------------------------------------------------------------ scalar transcription
     def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
         """Literal transcription of §6.2 with an explicit set H of token tuples; h from §6.3 in plain
-        float64 products, one instance at a time."""
+        float64 products, one instance at a time (``precision="float32"``: :meth:`_reference_released`)."""
+        if self.precision == "float32":
+            return self._reference_released(block, uniforms)
         K, L = block.K, block.L
         taus, sels, tokens = [], [], []
         for b in range(block.B):
@@ -561,5 +657,75 @@ class SpecTrGBV(Verifier):
             tokens.append(int(categorical(dist, uniforms.draws[b, tau])))
             taus.append(tau)
             sels.append(sel)
+        return Outcome(torch.tensor(taus, dtype=torch.long), torch.tensor(sels, dtype=torch.long),
+                       torch.tensor(tokens, dtype=torch.long))
+
+    def _reference_released(self, block: Block, uniforms: Uniforms) -> Outcome:
+        """``precision="float32"``: a transcription of the released loop (junemily/SpecTr-GBV,
+        ``src/engine.py``, ``speculative_decoding``: the ``for j`` / ``for k`` / ``for i`` loops, the
+        full-block test and the residual) in its float32 torch arithmetic, one instance at a time, with
+        the block's positions for ``prob_history`` (``prefix_len`` = 0) and ``uniforms`` for its
+        ``torch.rand(1)`` draws: ``coins[b, j, i]`` for the sub-block ``x[j, :i+1]``, ``coins[b, j, L-1]``
+        for the full block, ``draws[b, tau]`` for the extra token."""
+        K, gamma = block.K, block.L
+        eps, one, k_tensor = torch.tensor(1e-20), torch.tensor(1.0), torch.tensor(K)
+
+        def exp_term(x: Tensor) -> Tensor:
+            return torch.pow(one - x, k_tensor)
+
+        taus, sels, tokens = [], [], []
+        for b in range(block.B):
+            x = block.tokens[b].long()  # [K, L]
+            prob_s_all, prob_b_all = block.q[b].to(torch.float32), block.p[b].to(torch.float32)  # [K, L, V], [K, L+1, V]
+            tau, accepted, selected = 0, (), 0
+            seen: set[tuple[int, ...]] = set()
+            ms_final, mb_final = torch.ones(1), torch.ones(1)
+            for j in range(K):
+                probs_s_j, probs_b_j = prob_s_all[j], prob_b_all[j]
+                m_s, m_b = torch.ones(1), torch.ones(1)
+                for k in range(tau):
+                    token = x[j, k]
+                    m_s = m_s * probs_s_j[k, token]
+                    m_b = m_b * probs_b_j[k, token]
+                for i in range(tau, gamma - 1):
+                    token = x[j, i]
+                    prob_b, prob_s = probs_b_j[i], probs_s_j[i]
+                    next_prob_b, next_prob_s = probs_b_j[i + 1], probs_s_j[i + 1]
+                    m_s = m_s * prob_s[token]
+                    m_b = m_b * prob_b[token]
+                    ratio = (m_s * next_prob_s) / (m_b * next_prob_b + eps)
+                    min_ratio = torch.minimum(ratio, one)
+                    raw_ratio = torch.minimum(m_s / (m_b + eps), one)
+                    numerator = torch.sum(m_b * next_prob_b * exp_term(min_ratio)) - m_b * exp_term(raw_ratio)
+                    denominator = one - exp_term(m_s) - torch.sum(m_b * next_prob_b * (one - exp_term(min_ratio)))
+                    acceptance_prob = numerator / (denominator + eps)
+                    key = tuple(x[j, :i + 1].tolist())
+                    if key in seen:
+                        continue
+                    if float(uniforms.coins[b, j, i]) < float(acceptance_prob):
+                        tau, accepted, selected, ms_final, mb_final = i + 1, key, j, m_s, m_b
+                    else:
+                        seen.add(key)
+                final_token = x[j, gamma - 1]
+                m_s = m_s * probs_s_j[gamma - 1, final_token]
+                m_b = m_b * probs_b_j[gamma - 1, final_token]
+                ratio = torch.minimum(m_s / (m_b + eps), one)
+                acceptance_prob = (m_b * (1 - exp_term(ratio))) / (1 - exp_term(m_s) + eps)
+                if float(uniforms.coins[b, j, gamma - 1]) < float(acceptance_prob):
+                    tau, accepted, selected, ms_final, mb_final = gamma, tuple(x[j].tolist()), j, m_s, m_b
+                    break
+            if tau < gamma:
+                prob_b, prob_s = prob_b_all[selected, tau], prob_s_all[selected, tau]
+                residual = mb_final * prob_b * (one - torch.minimum(ms_final * prob_s / (mb_final * prob_b + eps),
+                                                                    one) ** k_tensor)
+                mass = residual.sum()
+                dist = ((residual / mass.clamp_min(eps)).to(torch.float64) if float(mass) > 0
+                        else block.p[b, selected, tau])  # the code's sample() would fail on an all-zero law
+            else:
+                dist = block.p[b, selected, gamma]
+            assert accepted == tuple(x[selected, :tau].tolist())
+            tokens.append(int(categorical(dist, uniforms.draws[b, tau])))
+            taus.append(tau)
+            sels.append(selected)
         return Outcome(torch.tensor(taus, dtype=torch.long), torch.tensor(sels, dtype=torch.long),
                        torch.tensor(tokens, dtype=torch.long))
