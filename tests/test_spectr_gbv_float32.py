@@ -96,3 +96,10 @@ def test_precision_option_is_checked_and_reachable_by_name() -> None:
     assert SpecTrGBV().precision == "float64"
     with pytest.raises(InvalidInputError, match="precision must be 'float64' or 'float32'; got 'float16'"):
         SpecTrGBV(precision="float16")
+
+
+def test_the_precision_experiment_refuses_a_bad_context_count(capsys) -> None:
+    from experiments.spectr_gbv_precision import main
+
+    assert main(["--contexts", "0"]) == 2
+    assert "--contexts must be >= 1; got 0" in capsys.readouterr().err
