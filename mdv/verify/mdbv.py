@@ -39,12 +39,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, normalize_or, row_sum, safe_ratio
+from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, row_sum, safe_ratio
 from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows, residual_chain_step
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
-from mdv.verify.registry import register_verifier
 from mdv.verify.gbv import greedy_block_h, log_joints
-from mdv.verify.sd import token_probs
+from mdv.verify.registry import register_verifier
 
 # A level of the in-iteration chain: (draft index j whose exit anchors it, exit depth per instance [B]).
 Level = tuple[int, Tensor]
@@ -160,7 +159,6 @@ class _Walk:
 
     def __init__(self, block: Block, rows: _EffectiveRows, toks: list[list[int]], k: int,
                  anchors: list[tuple[int, int]], upto: int, stop_at_zero: bool) -> None:
-        V = block.V
         m = len(anchors)
         q_k = block.q[:, k]  # [1, L, V]
         row = toks[k]

@@ -292,7 +292,7 @@ class SpecTrGBV(Verifier):
                  the coded residual ``norm(P(u.x)[1 - r(u.x)^K])`` for i < L (fallback p(.|c,u)), the bonus
                  ``p(.|c, D_k)`` for i = L.
         """
-        K, L = block.K, block.L
+        K = block.K
         p, q = block.p, block.q  # [B, K, L+1, V], [B, K, L, V]
         h, log_P, log_Q = SpecTrGBV._h(block)
         # coded residual P(u.x)[1 - r(u.x)^K] relative to P(u), at every node u = D_k,<=i, i = 0..L-1
