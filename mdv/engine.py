@@ -233,6 +233,19 @@ def _commit(out: list[int], emitted: Sequence[int], max_new_tokens: int, eos: fr
     return None
 
 
+def ar_logits(tgt: DecodeSession, seq: Sequence[int]) -> Tensor:
+    """One autoregressive target call: feed the pending tokens ``seq[tgt.length:]``; -> logits [1, V] of the
+    next token."""
+    pending = torch.tensor([list(seq[tgt.length:])], dtype=torch.long, device=tgt.device)  # [1, n]
+    return tgt.extend(pending)[:, -1]
+
+
+def ar_draw(p: Tensor, generator: torch.Generator) -> int:
+    """The AR draw from the law p [1, V] (or [V]): one float64 uniform of ``generator``, inverse CDF."""
+    u = torch.rand(1, generator=generator, dtype=torch.float64, device=generator.device)
+    return int(categorical(p.reshape(1, -1).to(u.device), u)[0])
+
+
 def _decode_ar(tgt: DecodeSession, prompt: list[int], sampling: SamplingConfig, max_new_tokens: int,
                eos: frozenset[int], ctx: int | None, generator: torch.Generator,
                stats: GenerationStats) -> list[int]:
@@ -244,13 +257,10 @@ def _decode_ar(tgt: DecodeSession, prompt: list[int], sampling: SamplingConfig, 
             stats.stop_reason = "context"
             break
         with watch.phase("target"):
-            pending = torch.tensor([seq[tgt.length:]], dtype=torch.long, device=tgt.device)  # [1, n]
-            logits = tgt.extend(pending)[:, -1]  # [1, V]
+            logits = ar_logits(tgt, seq)  # [1, V]
             stats.target_calls += 1
         with watch.phase("verify"):  # sampling is the AR "verification"
-            p = sampling.probs(logits)  # [1, V] float64
-            u = torch.rand(1, generator=generator, dtype=torch.float64, device=generator.device)
-            token = int(categorical(p.to(u.device), u)[0])
+            token = ar_draw(sampling.probs(logits), generator)
         seq.append(token)
         reason = _commit(out, [token], max_new_tokens, eos)
         if reason is not None:

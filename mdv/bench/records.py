@@ -4,10 +4,7 @@ missed next to the measured figure (never asserted), and the ``bench_<name>.json
 from __future__ import annotations
 
 import enum
-import json
 import math
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
@@ -74,20 +71,13 @@ def _jsonable(x: Any) -> Any:
 
 
 def write_json(path: Path, record: dict[str, Any]) -> Path:
-    """Write ``record`` as strict JSON (NaN -> null) atomically (temp file + fsync + replace)."""
+    """Write ``record`` as strict JSON (NaN -> null) atomically, with the cell store's writer
+    (:func:`mdv.sweep.store.write_json_atomic`: temp file + fsync + replace)."""
+    from mdv.sweep.store import write_json_atomic
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_jsonable(record), f, indent=2, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, _jsonable(record))
     return path
 
 

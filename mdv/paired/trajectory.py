@@ -5,8 +5,8 @@ A trajectory is plain autoregressive sampling from the target under the run's tr
 
     x_{j+1} ~ p(. | prompt, x_1..x_j),    one uniform u_j per token,  x = F_p^{-1}(u_j)
 
-exactly as ``mdv.generate(target, None, prompt, "ar", seed=s)`` does it (:func:`mdv.engine._decode_ar`:
-the same seeded generator, the same float64 uniform per token, the same inverse-CDF draw).  What differs
+exactly as ``mdv.generate(target, None, prompt, "ar", seed=s)`` does it: the same seeded generator and the
+engine's own step and draw (:func:`mdv.engine.ar_logits`, :func:`mdv.engine.ar_draw`).  What differs
 is only *where the law p comes from*.  At a measured context c the token-tree pass has scored every
 draft prefix: ``p[k, d] = p(. | c, D_k,<d+1)`` (:func:`mdv.engine.score_drafts`).  So while the
 trajectory's new tokens after c are a prefix ``D_k,<d+1`` of some draft, the next law is already known
@@ -28,9 +28,9 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from mdv.engine import ar_draw, ar_logits
 from mdv.models.sampling import SamplingConfig
 from mdv.models.session import DecodeSession
-from mdv.verify._math import categorical
 
 
 class TreeTrajectory:
@@ -70,8 +70,7 @@ class TreeTrajectory:
                     law = self._target_step()
                 else:
                     self.reused += 1
-                u = torch.rand(1, generator=self.generator, dtype=torch.float64, device=self.generator.device)
-                token = int(categorical(law.to(u.device).unsqueeze(0), u)[0])
+                token = ar_draw(law, self.generator)
                 self.tokens.append(token)
                 if (token in self.eos or len(self.tokens) >= self.max_new_tokens
                         or (self.ctx is not None and seq_len + 1 >= self.ctx)):
@@ -93,9 +92,7 @@ class TreeTrajectory:
 
     def _target_step(self) -> Tensor:
         """One target call on the shared session: feed the pending tokens, -> the law of the next [V]."""
-        seq = self.prompt + self.tokens
-        pending = torch.tensor([seq[self.session.length:]], dtype=torch.long, device=self.session.device)  # [1, n]
-        logits = self.session.extend(pending)[:, -1]  # [1, V]
+        logits = ar_logits(self.session, self.prompt + self.tokens)  # [1, V]
         self.target_steps += 1
         return self.sampling.probs(logits)[0]
 

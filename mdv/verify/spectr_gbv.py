@@ -460,10 +460,9 @@ class SpecTrGBV(Verifier):
         only (O(B·V) instead of O(B·K·L·V)).
         """
         if self.precision == "float32":
-            h = self._released_h(block)
+            h, dists = self._h_and_dists_of(block)  # [B, K, L], [B, K, L+1, V]
             tau, sel = self._scan_choice(h, longest_shared_prefix(block.tokens), uniforms.coins)
             rows = torch.arange(block.B, device=tau.device)
-            dists = torch.cat([self._released_residuals(block), block.p[:, :, -1:]], 2)  # [B, K, L+1, V]
             return Outcome(tau, sel, categorical(dists[rows, sel, tau], uniforms.draws[rows, tau]))
         if block.V >= LAZY_MIN_V and block.p.device.type == "cpu":
             return self._sample_lazy(block, uniforms)
