@@ -4,6 +4,7 @@
                                    (experiment=theory); Hydra, configs in mdv/conf (python -m experiments.run)
     mdv theory [overrides]         the exact theory tables on toy pairs (python -m experiments.theory)
     mdv bench [overrides]          the benchmarks (python -m experiments.bench)
+    mdv audit sampler=mod:fn       is a verification rule lossless, how far from optimal (python -m experiments.audit)
     mdv report RESULTS_DIR         tables, plots and verdicts of a results folder (python -m analysis.report)
     mdv bench-report FOLDER...     the bench report of benchmark records (python -m analysis.bench_report)
     mdv assets list|fetch|check    pinned, sha256-checked model and dataset files (python -m mdv.assets)
@@ -46,6 +47,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "run": ("a sweep, the paired measurement or the theory tables (Hydra overrides)", _hydra("mdv.cli.run", "run")),
     "theory": ("the exact theory tables on toy pairs (Hydra overrides)", _hydra("mdv.cli.theory", "theory")),
     "bench": ("the benchmarks (Hydra overrides)", _hydra("mdv.cli.bench", "bench")),
+    "audit": ("audit a verification rule: lossless? how far from optimal? (Hydra overrides)",
+              _hydra("mdv.cli.audit", "audit")),
     "report": ("tables, plots and verdicts of a results folder", _argparse("mdv.cli.report", "report")),
     "bench-report": ("the bench report of benchmark records", _argparse("mdv.cli.bench_report", "bench-report")),
     "assets": ("pinned model and dataset files: list, fetch, check", _argparse("mdv.assets", "assets", False)),
