@@ -50,7 +50,7 @@ from tests.test_analysis import HE, write_cell
 
 REPO = Path(__file__).resolve().parent.parent
 ME = "tests.test_bad_input_matrix"
-ALL_VERIFIERS = "bv, gbv, mdbv, sd, spectr, spectr_gbv"
+ALL_VERIFIERS = "bv, gbv, mdbv, mpbv, sd, spectr, spectr_gbv"
 PROMPT = [1, 5, 7]
 
 
@@ -568,7 +568,7 @@ CLI_CASES: dict[str, CliCase] = {
     # python -m experiments.bench
     "bench/unknown-benchmark": CliCase("bench", {"benchmarks": "[nope]"},
                                        r"benchmarks=\[nope\]; Invalid value 'nope', expected one of \[verifier,"
-                                       r" target_pass, e2e, oracle, memory, paired\]"),
+                                       r" target_pass, e2e, oracle, memory, paired, audit\]"),
     "bench/unknown-method": CliCase("bench", {"verifier.methods": "[nope]"},
                                     r"verifier.methods: unknown method 'nope'; valid methods are: " + ALL_VERIFIERS),
     "bench/K=0": CliCase("bench", {"verifier.K": "[0]"},

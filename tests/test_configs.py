@@ -25,7 +25,7 @@ from mdv.sweep import RunConfig, Task, expand_grid, to_run_config, validate
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "mdv" / "conf"
 GROUPS = ("method", "models", "dataset", "sampling", "sweep", "logger", "paired", "experiment")
-ALL_METHODS = ["ar", "bv", "gbv", "mdbv", "sd", "spectr", "spectr_gbv"]  # the baseline, then the registry (name order)
+ALL_METHODS = ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "spectr", "spectr_gbv"]  # the baseline, then the registry (name order)
 ALL_DATASETS = ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"]
 
 
@@ -81,7 +81,7 @@ def test_defaults_are_the_smoke_preset_with_tracking_off() -> None:
     assert [d.value for d in cfg.dataset.names] == ALL_DATASETS
     assert cfg.dataset.n_prompts == 3 and cfg.sampling.max_new_tokens == 32 and cfg.sampling.temperatures == [0.4]
     assert cfg.sweep.K == [3] and cfg.sweep.L == [4]
-    assert len(expand_grid(cfg)) == 35
+    assert len(expand_grid(cfg)) == 40
 
 
 @pytest.mark.parametrize("preset,K,L,T", [

@@ -32,7 +32,7 @@ from mdv.models.tiny_random import build_tiny_random_pair
 from mdv.sweep import expand_grid, prompt_seed, read_cell, run_sweep
 from tests.test_sweep import REPO, stub_format, stub_prompts, tiny_config
 
-METHODS = ["ar", "sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv"]
+METHODS = ["ar", "sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv", "mpbv"]
 assert set(METHODS) == {"ar", *mdv.VERIFIERS}, "a method was added: list it here"
 T = 1.0
 GRID = {"method.names": METHODS, "dataset.names": ["humaneval"], "sweep.seeds": [0, 7],
@@ -92,7 +92,7 @@ def test_different_seeds_give_different_tokens(pair: Any, prompts: list[list[int
 def check_cells_against_generate(results_dir: Path, pair: Any, prompts: list[list[int]]) -> dict[str, Any]:
     """Every cell file of the GRID: seed recorded, tokens == mdv.generate(..., seed=prompt_seed(...))."""
     cells = expand_grid(tiny_config(results_dir, **GRID))
-    assert len(cells) == 2 * 7
+    assert len(cells) == 2 * len(METHODS)
     records = {}
     for cell in cells:
         rec = read_cell(sweep.cell_path(results_dir, cell.cell_id))
@@ -119,12 +119,12 @@ def check_cells_against_generate(results_dir: Path, pair: Any, prompts: list[lis
 def in_process(tmp_path_factory, pair: Any, prompts: list[list[int]]) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("sweep")
     report = run_sweep(tiny_config(out, **GRID), loader=stub_prompts, formatter=stub_format)
-    assert len(report.ok) == 14 and not report.failed
+    assert len(report.ok) == 2 * len(METHODS) and not report.failed
     return {"dir": out, "records": check_cells_against_generate(out, pair, prompts)}
 
 
 def test_run_sweep_records_the_seed_and_the_tokens_of_generate(in_process: dict[str, Any]) -> None:
-    assert len(in_process["records"]) == 14  # checked in the fixture: seeds recorded, tokens == generate
+    assert len(in_process["records"]) == 2 * len(METHODS)  # checked in the fixture: seeds recorded, tokens == generate
 
 
 def test_run_sweep_twice_gives_the_same_files_but_timings(in_process: dict[str, Any], tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_hydra_command_gives_the_tokens_of_generate(in_process: dict[str, Any], 
            "threads=1", "progress=false", f"results_dir={results}"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "14 cells: 14 run" in proc.stdout
+    assert "16 cells: 16 run" in proc.stdout
     records = check_cells_against_generate(results, pair, prompts)
     assert set(records) == set(in_process["records"])  # the same cell ids: the same configs
     for cid, rec in records.items():

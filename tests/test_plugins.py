@@ -19,7 +19,7 @@ from mdv.verify.registry import VERIFIERS, register_verifier
 from mdv.verify.sd import SpeculativeSampling
 
 REPO = Path(__file__).resolve().parent.parent
-BUILTINS = ["bv", "gbv", "mdbv", "sd", "spectr", "spectr_gbv"]
+BUILTINS = ["bv", "gbv", "mdbv", "mpbv", "sd", "spectr", "spectr_gbv"]
 
 PLUGIN = {
     "pyproject.toml": """
@@ -47,11 +47,11 @@ PLUGIN = {
 
 
 def test_builtins_fill_the_registry_and_every_list_derives_from_it() -> None:
-    assert list(VERIFIERS)[:6] == BUILTINS
-    assert [m.value for m in Method][:7] == ["ar", *BUILTINS]
+    assert list(VERIFIERS)[:7] == BUILTINS
+    assert [m.value for m in Method][:8] == ["ar", *BUILTINS]
     # the preset lists of mdv/conf/method, from the classes' own flags
-    assert method_names("lossless")[:6] == ["ar", "bv", "gbv", "mdbv", "sd", "spectr"]
-    assert method_names("multi_draft")[:5] == ["ar", "mdbv", "sd", "spectr", "spectr_gbv"]
+    assert method_names("lossless")[:7] == ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "spectr"]
+    assert method_names("multi_draft")[:6] == ["ar", "mdbv", "mpbv", "sd", "spectr", "spectr_gbv"]
     with pytest.raises(InvalidInputError, match="unknown method list 'fast'"):
         method_names("fast")
 
@@ -149,3 +149,12 @@ def test_a_plugin_verifier_runs_in_the_paired_measurement(plugin_site: Path, tmp
     contexts = [c for rec in etaus for c in rec]
     assert contexts and all(c["demo_sd"] == c["sd"] for c in contexts)  # the same law on the same drafts
     assert any(v is not None and v > 0 for c in contexts for row in c["sd"] for v in row)
+
+
+def test_a_plugin_verifier_is_audited_by_name(plugin_site: Path, tmp_path: Path) -> None:
+    """``mdv audit sampler=demo_sd``: the plug-in's registry name reaches the audit with no edit to mdv."""
+    proc = _run(plugin_site, ["-m", "experiments.audit", "sampler=demo_sd", "cases=smoke", "trials=4096",
+                              "tv_resolution=0.2", "progress=false", f"hydra.run.dir={tmp_path / 'out'}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "audit of demo_sd: LOSSLESS" in proc.stdout
+    assert (tmp_path / "out" / "audit.md").is_file()
