@@ -182,6 +182,21 @@ def test_oracle_benchmark_tiny(tmp_path) -> None:
         _check_spread(r["trials_per_second"], 2)
 
 
+def test_audit_benchmark_tiny(tmp_path) -> None:
+    cfg = bench.AuditBench(cases="smoke", methods=["sd", "spectr"], instances=2000, repeats=2,
+                           detection_rules=["sd"], detection_cases=["smoke-rand-V3-K1-L1"], epsilon=0.05)
+    rec = _check_record(bench.run_audit_bench(cfg), "audit", tmp_path)
+    rows = rec["results"]["throughput"]
+    assert {(r["case"], r["method"]) for r in rows} == {("smoke-rand-V3-K1-L1", "sd"), ("smoke-rand-V3-K1-L1", "spectr"),
+                                                        ("smoke-rand-V3-K2-L2", "spectr"), ("smoke-iid-V4-K3-L1", "spectr")}
+    for r in rows:
+        _check_spread(r["instances_per_second"], 2)
+    (d,) = rec["results"]["detection"]
+    assert d["verdict"] == "biased" and d["perturbed_case_status"] == "biased" and d["seconds"] > 0
+    assert rec["summary"]["scalar_slowdown"] > 1
+    assert [g["met"] is not None for g in rec["goals"]] == [True] * len(rec["goals"])
+
+
 def test_memory_benchmark_tiny(tiny_pair, tmp_path) -> None:
     cfg = MemoryBench(pair=PairKind.tiny_random, method="mdbv", K=2, L=3, n_prompts=4, max_new_tokens=3,
                       warmup_prompts=1, tensor_count_every=2, datasets=[])

@@ -33,23 +33,25 @@ and reported as its median and range (min, max) over the repeats.  Every record 
 environment (CPU, threads, torch version, dtype, device, load average).  Speed is never asserted here:
 each goal of the issue is reported as met / missed next to the measured figure.
 """
-from mdv.bench.config import (BenchConfig, Benchmark, E2EBench, MemoryBench, OracleBench, PairKind, PairedBench,
-                              TargetPassBench, TinyPair, VerifierBench, validate)
+from mdv.bench.config import (AuditBench, BenchConfig, Benchmark, E2EBench, MemoryBench, OracleBench, PairKind,
+                              PairedBench, TargetPassBench, TinyPair, VerifierBench, validate)
 from mdv.bench.e2e import interleaved_generations, run_e2e
 from mdv.bench.memory import rss_trend, run_memory
 from mdv.bench.oracle import largest_size, run_oracle
 from mdv.bench.paired import run_paired_bench, run_paired_benchmark
 from mdv.bench.pairs import load_pair, load_target_model, prompt_ids
 from mdv.bench.records import SCHEMA, environment, print_table, write_json
+from mdv.bench.audit import run_audit_bench
 from mdv.bench.runner import run
 from mdv.bench.target_pass import run_target_pass
 from mdv.bench.timing import interleaved, rotated, spread, time_call
 from mdv.bench.verifier import decode_step_times, run_verifier, synthetic_block
 
 __all__ = [
-    "SCHEMA", "Benchmark", "BenchConfig", "E2EBench", "MemoryBench", "OracleBench", "PairKind", "PairedBench",
+    "SCHEMA", "AuditBench", "Benchmark", "BenchConfig", "E2EBench", "MemoryBench", "OracleBench", "PairKind",
+    "PairedBench",
     "TargetPassBench", "TinyPair", "VerifierBench", "decode_step_times", "environment", "interleaved",
     "interleaved_generations", "largest_size", "load_pair", "load_target_model", "print_table", "prompt_ids",
-    "rotated", "rss_trend", "run", "run_e2e", "run_memory", "run_oracle", "run_paired_bench", "run_paired_benchmark",
+    "rotated", "rss_trend", "run", "run_audit_bench", "run_e2e", "run_memory", "run_oracle", "run_paired_bench", "run_paired_benchmark",
     "run_target_pass", "run_verifier", "spread", "synthetic_block", "time_call", "validate", "write_json",
 ]

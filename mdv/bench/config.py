@@ -23,6 +23,7 @@ class Benchmark(str, enum.Enum):
     oracle = "oracle"
     memory = "memory"
     paired = "paired"
+    audit = "audit"
 
 
 class PairKind(str, enum.Enum):
@@ -163,7 +164,27 @@ class PairedBench:
     L_max: int = 8
     temperature: float = 0.4
     workers: int = 1
+    #: the six verifiers the <= 6 min goal was set with (mpbv, added later, costs ~0.3 s more per context)
+    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
     goal_seconds: float = 360.0
+
+
+@dataclass
+class AuditBench:
+    """``audit``: sampler throughput per default-grid case, the harness's own rate, and the time the whole
+    default audit takes to find a rule biased by TV ``epsilon`` on one case (``detection_rules[i]`` perturbed
+    on ``detection_cases[i]``)."""
+
+    cases: str = "default"
+    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    instances: int = 65536
+    repeats: int = 3
+    detection_rules: list[str] = field(default_factory=lambda: ["sd", "spectr"])
+    detection_cases: list[str] = field(default_factory=lambda: ["iid-V2-K1-L3", "rand-V3-K4-L2"])
+    epsilon: float = 0.005
+    seed: int = 0
+    goal_rate: float = 1e6
+    goal_seconds: float = 600.0
 
 
 @dataclass
@@ -180,8 +201,10 @@ class TinyPair:
 class BenchConfig:
     """Schema of ``mdv/conf/bench.yaml``."""
 
-    #: every benchmark but ``paired`` (a full paired run, ~10-20 min on 2 cores): ``benchmarks=[paired]`` runs it
-    benchmarks: list[Benchmark] = field(default_factory=lambda: [b for b in Benchmark if b != Benchmark.paired])
+    #: every benchmark but ``paired`` (a full paired run, ~10-20 min on 2 cores) and ``audit`` (~15 min):
+    #: ``benchmarks=[paired]`` / ``benchmarks=[audit]`` runs them
+    benchmarks: list[Benchmark] = field(
+        default_factory=lambda: [b for b in Benchmark if b not in (Benchmark.paired, Benchmark.audit)])
     #: torch intra-op threads (the machine's cores by default in mdv/conf/bench.yaml).
     threads: int = 2
     #: weights dtype of the models (float32, bfloat16, float16, float64); verification is float64 always.
@@ -192,6 +215,7 @@ class BenchConfig:
     oracle: OracleBench = field(default_factory=OracleBench)
     memory: MemoryBench = field(default_factory=MemoryBench)
     paired: PairedBench = field(default_factory=PairedBench)
+    audit: AuditBench = field(default_factory=AuditBench)
     tiny: TinyPair = field(default_factory=TinyPair)
 
 
@@ -201,7 +225,8 @@ def validate(cfg: BenchConfig) -> None:
     from mdv.verify.registry import VERIFIERS
 
     for where, methods in (("verifier.methods", cfg.verifier.methods), ("e2e.methods", cfg.e2e.methods),
-                           ("oracle.methods", cfg.oracle.methods), ("memory.method", [cfg.memory.method])):
+                           ("oracle.methods", cfg.oracle.methods), ("memory.method", [cfg.memory.method]),
+                           ("audit.methods", cfg.audit.methods), ("paired.methods", cfg.paired.methods), ("audit.detection_rules", cfg.audit.detection_rules)):
         for m in methods:
             if m not in VERIFIERS:
                 raise UnknownNameError(f"{where}: {unknown_name('method', m, list(VERIFIERS))}")
@@ -226,6 +251,12 @@ def validate(cfg: BenchConfig) -> None:
                             ("memory.L", cfg.memory.L, 1), ("memory.max_new_tokens", cfg.memory.max_new_tokens, 1)):
         if int(value) < lo:
             raise InvalidInputError(f"{name} must be >= {lo}; got {value}")
+    if len(cfg.audit.detection_rules) != len(cfg.audit.detection_cases):
+        raise InvalidInputError(f"audit.detection_rules and audit.detection_cases pair up and must have one length; got"
+                                f" {len(cfg.audit.detection_rules)} and {len(cfg.audit.detection_cases)}")
+    if cfg.audit.instances < 1 or cfg.audit.repeats < 1 or not 0 < cfg.audit.epsilon < 1:
+        raise InvalidInputError("audit.instances and audit.repeats must be >= 1 and audit.epsilon in (0, 1); got"
+                                f" {cfg.audit.instances}, {cfg.audit.repeats}, {cfg.audit.epsilon}")
     if not 0 <= cfg.target_pass.shared <= cfg.target_pass.L:
         raise InvalidInputError(f"target_pass.shared must lie in [0, L={cfg.target_pass.L}]; got {cfg.target_pass.shared}")
     if cfg.memory.warmup_prompts >= cfg.memory.n_prompts:

@@ -35,7 +35,7 @@ def run_paired_bench(cfg: PairedBench, *, threads: int = 1, tiny: Any = None) ->
     run.sampling.temperatures = [cfg.temperature]
     run.paired = PairedConfig(enabled=True, datasets=list(cfg.datasets), n_prompts=cfg.n_prompts, n_tokens=cfg.n_tokens,
                               stride=cfg.stride, K_max=cfg.K_max, L_max=cfg.L_max, calibrate=False,
-                              workers=cfg.workers)
+                              workers=cfg.workers, methods=list(cfg.methods))
     run.dataset.names = list(cfg.datasets)
     with tempfile.TemporaryDirectory(prefix="mdv-bench-paired-") as tmp:
         run.results_dir = str(Path(tmp) / "res")

@@ -209,6 +209,13 @@ def _validate_results(name: str, res: Any) -> None:
         for k in ("wall_seconds", "contexts", "prompts", "contexts_per_second", "seconds_per_context"):
             _num_or_none(res, k, "results")
         _check(isinstance(res.get("share"), dict), "results.share must be an object part -> fraction")
+    elif name == "audit":
+        _check(isinstance(res, dict), "results must be an object {throughput, detection, ...}")
+        for i, r in enumerate(_rows(res.get("throughput"), "results.throughput")):
+            _check(isinstance(r.get("method"), str), f"results.throughput[{i}]: 'method' must be a string")
+            _spread_ok(r.get("instances_per_second"), f"results.throughput[{i}].instances_per_second")
+        for i, r in enumerate(_rows(res.get("detection"), "results.detection")):
+            _num_or_none(r, "seconds", f"results.detection[{i}]")
     elif name == "memory":
         _check(isinstance(res, dict), "results must be an object")
         for k in ("rss_before_mib", "peak_rss_mib", "rss_after_warmup_mib", "rss_end_mib", "rss_growth_mib",
@@ -633,9 +640,24 @@ def section_paired(rec: Record) -> list[str]:
     return lines
 
 
+def section_audit(rec: Record) -> list[str]:
+    res = rec.results
+    lines = ["## audit: the audit's speed and power", "",
+             f"Harness with a free rule: {rng(res.get('harness_instances_per_second'))} instances/s; per-instance"
+             f" adapter: {rng(res.get('scalar_instances_per_second'))} instances/s. Sampler throughput on the"
+             " first-iteration blocks of each default-grid case (instances/s):", ""]
+    lines += md_table(["case", "method", "instances/s"],
+                      [[r["case"], r["method"], rng(r["instances_per_second"])] for r in res.get("throughput", [])])
+    lines += ["", "Detection of a rule biased by a known TV on one case, the whole default audit run until its verdict:", ""]
+    lines += md_table(["rule", "perturbed case", "TV", "verdict", "seconds", "sequences on that case"],
+                      [[d["rule"], d["perturbed_case"], fmt(d["epsilon"]), d["verdict"], fmt(d["seconds"]),
+                        fmt(d.get("sequences_on_perturbed_case"))] for d in res.get("detection", [])])
+    return lines
+
+
 SECTIONS: dict[str, Callable[..., list[str]]] = {
     "verifier": section_verifier, "target_pass": section_target_pass, "e2e": section_e2e, "oracle": section_oracle,
-    "memory": section_memory, "paired": section_paired}
+    "memory": section_memory, "paired": section_paired, "audit": section_audit}
 
 
 # =============================================================================================== plots

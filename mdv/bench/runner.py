@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from mdv.bench.audit import run_audit_bench
 from mdv.bench.config import BenchConfig, Benchmark, PairKind, validate
 from mdv.bench.e2e import run_e2e
 from mdv.bench.memory import run_memory
@@ -41,6 +42,8 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
             rec = run_e2e(cfg.e2e, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "oracle":
             rec = run_oracle(cfg.oracle)
+        elif name == "audit":
+            rec = run_audit_bench(cfg.audit)
         elif name == "paired":
             rec = run_paired_benchmark(cfg.paired, threads=int(cfg.threads), tiny=cfg.tiny)
         else:

@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from mdv.audit import audit, load_sampler, load_specs
+from mdv.audit import VerifierSampler, audit, load_sampler, load_specs
 from mdv.audit.config import EXIT_STATUS, AuditConfig
 from mdv.audit.report import write
 from mdv.cli.errors import clean_errors
@@ -33,7 +33,8 @@ def main(cfg) -> None:
     if config.options:
         if not isinstance(rule, Verifier):
             raise InvalidInputError(f"options= applies to a registered mdv verifier; sampler={config.sampler!r} is not one")
-        rule = get_verifier(config.sampler, **config.options)
+        options = ", ".join(f"{k}={v!r}" for k, v in config.options.items())
+        rule = VerifierSampler(get_verifier(config.sampler, **config.options), name=f"{config.sampler}({options})")
     report = audit(rule, cases=[*load_specs(config.cases), *config.extra_cases], trials=config.trials,
                    alpha=config.alpha, seed=config.seed, looks=config.looks, batch=config.batch,
                    tv_resolution=config.tv_resolution, single_draft=config.single_draft, scalar=config.scalar,
