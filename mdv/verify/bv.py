@@ -21,6 +21,34 @@ from mdv.verify.registry import register_verifier
 from mdv.verify.sd import token_probs
 
 
+def scalar_decision(w: list[float], p: Tensor, q: Tensor, coins: Tensor, draws: Tensor) -> tuple[int, int]:
+    """BV's decision along one draft from its weights, step by step (Sun et al., ICLR 2025, Algorithm 2).
+
+    w: w_0..w_L (w_0 = 1, w_i = min(1, w_{i-1} p_i(D_i) / q_i(D_i))); p: [L+1, V] the target along the draft;
+    q: [L+1 or L, V] the draft law along it; coins: [L]; draws: [L+1].  h_i = A_i / (A_i + 1 - w_i) with
+    A_i = sum_x (w_i p_i(x) - q_i(x))_+ for i < L, h_L = w_L; tau = the last i with coin_i < h_i; the token is
+    drawn from the normalised residual (w_tau p_tau - q_tau)_+ (p_tau if it has no mass), or from p_L at
+    tau = L.  -> (tau, token).
+    """
+    L = len(w) - 1
+    h = [1.0]
+    for i in range(1, L):
+        A = float(torch.clamp(w[i] * p[i] - q[i], min=0.0).sum())
+        den = A + 1.0 - w[i]
+        h.append(1.0 if den <= 1e-12 else min(1.0, A / den))
+    h.append(w[L])
+    tau = 0
+    for i in range(1, L + 1):  # the last accepted index wins
+        if float(coins[i - 1]) < h[i]:
+            tau = i
+    if tau == L:
+        dist = p[L]
+    else:
+        res = torch.clamp(w[tau] * p[tau] - q[tau], min=0.0)
+        dist = res / res.sum() if float(res.sum()) > 1e-12 else p[tau]
+    return tau, int(categorical(dist, draws[tau]))
+
+
 @register_verifier
 class BlockVerification(Verifier):
     """``bv``: block verification of a single draft."""
@@ -84,22 +112,8 @@ class BlockVerification(Verifier):
             for i in range(1, L + 1):
                 x = int(D[i - 1])
                 w.append(min(1.0, w[-1] * float(p[i - 1, x]) / float(q[i - 1, x])))
-            h = [1.0]
-            for i in range(1, L):
-                A = float(torch.clamp(w[i] * p[i] - q[i], min=0.0).sum())
-                den = A + 1.0 - w[i]
-                h.append(1.0 if den <= 1e-12 else min(1.0, A / den))
-            h.append(w[L])
-            tau = 0
-            for i in range(1, L + 1):  # the last accepted index wins
-                if float(uniforms.coins[b, 0, i - 1]) < h[i]:
-                    tau = i
-            if tau == L:
-                dist = p[L]
-            else:
-                res = torch.clamp(w[tau] * p[tau] - q[tau], min=0.0)
-                dist = res / res.sum() if float(res.sum()) > 1e-12 else p[tau]
-            tokens.append(int(categorical(dist, uniforms.draws[b, tau])))
+            tau, token = scalar_decision(w, p, q, uniforms.coins[b, 0], uniforms.draws[b])
+            tokens.append(token)
             taus.append(tau)
         tau_t = torch.tensor(taus, dtype=torch.long)
         return Outcome(tau_t, torch.zeros_like(tau_t), torch.tensor(tokens, dtype=torch.long))

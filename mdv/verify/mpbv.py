@@ -89,6 +89,7 @@ from torch import Tensor
 from mdv.errors import InvalidInputError
 from mdv.verify._math import TOL, categorical, last_accepted_law, normalize_or
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.bv import scalar_decision
 from mdv.verify.registry import register_verifier
 from mdv.verify.sd import token_probs
 
@@ -383,24 +384,9 @@ class MultiPathBlockVerification(Verifier):
                 x = M[i]
                 ratio_x = (pr[x] / qs[x] if qs[x] > 0.0 else math.inf) if pr[x] > 0.0 else 0.0
                 w.append(0.0 if w[-1] == 0.0 else min(1.0, w[-1] * ratio_x))  # (0·inf: a kept q_sel below range)
-            p_path = [block.p[b, sel, i] for i in range(L + 1)]
-            q_path = [torch.tensor(r, dtype=torch.float64) for r in qsel_rows]
-            h = [1.0]
-            for i in range(1, L):
-                Am = float(torch.clamp(w[i] * p_path[i] - q_path[i], min=0.0).sum())
-                den_h = Am + 1.0 - w[i]
-                h.append(1.0 if den_h <= 1e-12 else min(1.0, Am / den_h))
-            h.append(w[L])
-            tau = 0
-            for i in range(1, L + 1):  # the last accepted index wins
-                if float(uniforms.coins[b, 0, i - 1]) < h[i]:
-                    tau = i
-            if tau == L:
-                dist = p_path[L]
-            else:
-                res = torch.clamp(w[tau] * p_path[tau] - q_path[tau], min=0.0)
-                dist = res / res.sum() if float(res.sum()) > 1e-12 else p_path[tau]
-            toks.append(int(categorical(dist, uniforms.draws[b, tau])))
+            q_path = torch.stack([torch.tensor(r, dtype=torch.float64) for r in qsel_rows])  # [L, V]
+            tau, token = scalar_decision(w, block.p[b, sel], q_path, uniforms.coins[b, 0], uniforms.draws[b])
+            toks.append(token)
             taus.append(tau)
             sels.append(sel)
         return Outcome(torch.tensor(taus, dtype=torch.long), torch.tensor(sels, dtype=torch.long),
