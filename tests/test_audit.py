@@ -332,3 +332,15 @@ def test_command_exit_status_and_outputs(tmp_path):
     weak = _cli("sampler=gbv", "+options.adjust_target=true", "cases=smoke", "trials=2048", "tv_resolution=0.001",
                 cwd=tmp_path)
     assert weak.returncode == 3 and "INCONCLUSIVE" in weak.stdout, weak.stderr[-2000:]
+
+
+def test_reference_figures_belong_to_their_own_pair():
+    """Exact figures are cached per model pair: two specs that differ in one field (zero_prob) get their own,
+    and one spec built twice shares its models (and the cached figures)."""
+    from mdv.audit.audit import references
+    a = CaseSpec(name="a", V=3, K=1, L=2, seed=5, zero_prob=0.0)
+    b = CaseSpec(name="a", V=3, K=1, L=2, seed=5, zero_prob=0.9)
+    assert a.build() is a.build() and a.build() is not b.build()
+    ra, rb = references(a.build()), references(b.build())
+    exact = mdv.oracle.expected_accepted("sd", b.build().target, b.build().draft, 1, 2)
+    assert rb[2]["sd"] == pytest.approx(exact, abs=1e-12) and ra[2]["sd"] != rb[2]["sd"]

@@ -129,16 +129,17 @@ class AuditReport:
         return line
 
 
-_REFERENCE_CACHE: dict[tuple, tuple[float, float, dict[str, float]]] = {}
+#: (id(target), id(draft), K, L, T, prompt) -> (target, draft, figures); the models are kept so their ids stay theirs.
+_REFERENCE_CACHE: dict[tuple, tuple[Any, Any, tuple[float, float, dict[str, float]]]] = {}
 
 
 def references(case: AuditCase) -> tuple[float, float, dict[str, float]]:
     """(LP-valid, LP-greedy, {mdv verifier: exact E[tau]}) of one iteration from the prompt; NaN / absent
-    where the enumeration is too large.  Cached per case (they are exact and deterministic)."""
-    key = (getattr(case.target, "name", id(case.target)), getattr(case.draft, "name", id(case.draft)),
-           case.K, case.L, case.temperature, tuple(case.prompt))
+    where the enumeration is too large.  Cached per model pair and sizes (they are exact and deterministic;
+    the cases built from one spec share their models, see :meth:`CaseSpec.build`)."""
+    key = (id(case.target), id(case.draft), case.K, case.L, case.temperature, tuple(case.prompt))
     if key in _REFERENCE_CACHE:
-        return _REFERENCE_CACHE[key]
+        return _REFERENCE_CACHE[key][2]
     lps = []
     for kind in ("valid", "greedy"):
         try:
@@ -152,8 +153,8 @@ def references(case: AuditCase) -> tuple[float, float, dict[str, float]]:
                 continue
             refs[name] = expected_accepted(name, case.target, case.draft, case.K, case.L, case.prompt,
                                            temperature=case.temperature)
-    _REFERENCE_CACHE[key] = (lps[0], lps[1], refs)
-    return _REFERENCE_CACHE[key]
+    _REFERENCE_CACHE[key] = (case.target, case.draft, (lps[0], lps[1], refs))
+    return _REFERENCE_CACHE[key][2]
 
 
 def excess_prefixes(counts: np.ndarray, law: np.ndarray, V: int, n_tokens: int, top: int = 3) -> list[Excess]:

@@ -20,6 +20,8 @@ from mdv.models.base import LanguageModel, check_model
 from mdv.oracle.toy import iid_toy_model, random_toy_model
 
 KINDS = ("random", "iid")
+#: CaseSpec.key() -> the built case (models are deterministic functions of the spec).
+_BUILT: dict[tuple, "AuditCase"] = {}
 
 
 @dataclass
@@ -43,23 +45,37 @@ class CaseSpec:
     temperature: float = 1.0
     n_tokens: Optional[int] = None
 
+    def key(self) -> tuple:
+        """Every field, hashable: equal specs build the same models (:func:`build` caches on it)."""
+        return tuple(tuple(v) if isinstance(v, list) else v for v in vars(self).values())
+
     def build(self) -> "AuditCase":
+        """The case with its models; equal specs return the same objects, so exact reference figures computed
+        for one audit (:func:`mdv.audit.audit.references`) serve the next."""
+        hit = _BUILT.get(self.key())
+        if hit is None:
+            hit = _BUILT[self.key()] = self._build()
+        return hit
+
+    def _build(self) -> "AuditCase":
         where = f"audit case {self.name or '(unnamed)'}"
         if self.kind not in KINDS:
             raise InvalidInputError(f"{where}: kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
         if self.kind == "random":
             if isinstance(self.V, bool) or not isinstance(self.V, int) or self.V < 2:
                 raise InvalidInputError(f"{where}: V must be an integer >= 2; got {self.V!r}")
-            target = random_toy_model(self.V, self.seed, zero_prob=self.zero_prob, name=f"toy(V={self.V}, seed={self.seed})")
+            target = random_toy_model(self.V, self.seed, zero_prob=self.zero_prob,
+                                      name=f"toy(V={self.V}, seed={self.seed}, zero_prob={self.zero_prob})")
             draft = random_toy_model(self.V, self.seed + 1, zero_prob=self.zero_prob,
-                                     name=f"toy(V={self.V}, seed={self.seed + 1})")
+                                     name=f"toy(V={self.V}, seed={self.seed + 1}, zero_prob={self.zero_prob})")
         else:
             if self.target is None or self.draft is None:
                 raise InvalidInputError(f"{where}: kind 'iid' needs the lists target and draft (V probabilities each)")
             if len(self.target) != len(self.draft):
                 raise InvalidInputError(f"{where}: target has {len(self.target)} probabilities and draft"
                                         f" {len(self.draft)}; they share one vocabulary")
-            target, draft = iid_toy_model(list(self.target)), iid_toy_model(list(self.draft))
+            target = iid_toy_model(list(self.target), name=f"iid{tuple(self.target)}")
+            draft = iid_toy_model(list(self.draft), name=f"iid{tuple(self.draft)}")
         name = self.name or f"{self.kind} V={target.vocab_size} K={self.K} L={self.L}"
         return AuditCase(name, target, draft, self.K, self.L, self.n_tokens, self.temperature)
 
