@@ -1,6 +1,8 @@
 """The README's shell entry points: arguments they refuse before any set-up runs."""
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 from pathlib import Path
@@ -23,11 +25,11 @@ def test_main_job_refuses_a_results_dir_override(override: str) -> None:
 
 
 
-def test_readme_audit_example_prints_the_numbers_its_comments_state() -> None:
-    """Run the README's audit-API example; every expression whose comment starts with a number must
+def test_readme_oracle_example_prints_the_numbers_its_comments_state() -> None:
+    """Run the README's oracle-API example; every expression whose comment starts with a number must
     evaluate to that number (to the 4 decimals shown)."""
     text = (ROOT / "README.md").read_text()
-    code = text.split("## The audit API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    code = text.split("## The oracle API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     namespace: dict = {}
     exec(code, namespace)
     checked = 0
@@ -39,3 +41,21 @@ def test_readme_audit_example_prints_the_numbers_its_comments_state() -> None:
             assert round(value, 4) == float(number.group(1)), (stmt, value)
             checked += 1
     assert checked == 3  # E[tau] of gbv, the greedy LP optimum, the TV of the published SpecTr-GBV rule
+
+
+def test_readme_audit_your_verifier_example_gives_the_report_it_shows() -> None:
+    """Run the README's "Audit your verifier" example: the buggy rule is biased, and the summary's figures are
+    the ones the comment shows (fixed seed)."""
+    text = (ROOT / "README.md").read_text()
+    code = text.split("## Audit your verifier", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    shown = re.search(r"e\.g\. (rand-\S+): TV ([\d.]+) \[([\d.]+), ([\d.]+)\], prefix (\[[\d, ]+\]) at ([\d.]+) vs ([\d.]+)",
+                      code)
+    assert shown, "the example's comment lost its figures"
+    namespace: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(code, namespace)
+    report = namespace["report"]
+    assert report.verdict == "biased" and report.lossless is False
+    case, tv, lo, hi, prefix, observed, expected = shown.groups()
+    assert f"e.g. {case}: TV {tv} [{lo}, {hi}], prefix {prefix} at {observed} vs {expected}" in report.summary()
+
