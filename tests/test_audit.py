@@ -17,10 +17,10 @@ import mdv
 from mdv.audit import AuditCase, CaseSpec, SamplerError, VerifierSampler, audit, load_specs
 from mdv.audit.rules import MoveMass, block_verification_residual_off_by_one
 from mdv.audit.run import build_table
-from mdv.audit.stats import chi_square, detectable_tv, holm, prefix_chi_square, tv_interval
+from mdv.audit.stats import detectable_tv, holm, prefix_chi_square, tv_interval
 from mdv.errors import InvalidInputError
 from mdv.oracle import exact_law, random_toy_model, target_law
-from mdv.oracle.montecarlo import chi_square_pvalue
+from mdv.oracle.montecarlo import chi_square, chi_square_pvalue
 from mdv.verify.base import Block, Uniforms
 from mdv.verify.registry import get_verifier
 

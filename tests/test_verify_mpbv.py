@@ -193,7 +193,8 @@ def test_deepest_first_sampler_makes_the_decisions_of_the_law() -> None:
     built at once), bit for bit, with coins placed exactly at h or one ulp either side (V up to 4096)."""
     from mdv.bench import synthetic_block
     from mdv.verify._math import categorical, last_accepted
-    from mdv.verify.mpbv import _bv_core, skew_rows
+    from mdv.verify.bv import h_and_residuals
+    from mdv.verify.mpbv import skew_rows
 
     gen = torch.Generator().manual_seed(13)
     for V, K, L in ((300, 3, 4), (2048, 4, 5), (4096, 2, 3), (64, 5, 1)):
@@ -201,7 +202,7 @@ def test_deepest_first_sampler_makes_the_decisions_of_the_law() -> None:
             v = MultiPathBlockVerification(tie_rule)
             block = synthetic_block(V, K, L, generator=gen).validate()
             sel, _, p, q_rows, alpha, rho, _, w = v.kept_path(block)
-            h, scaled = _bv_core(w, p, skew_rows(p[:, :-1], q_rows, alpha, rho, K, tie_rule))
+            h, scaled = h_and_residuals(w, p, skew_rows(p[:, :-1], q_rows, alpha, rho, K, tie_rule))
             for trial in range(12):
                 u = Uniforms.draw(1, K, L, gen)
                 m = torch.rand(L, generator=gen, dtype=f64)

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from mdv.audit.cases import AuditCase, resolve_cases
 from mdv.audit.protocol import as_sampler
 from mdv.audit.run import Tally, build_table, run_batch
-from mdv.audit.stats import detectable_tv, holm, mean_interval, prefix_chi_square, tv_interval
+from mdv.audit.stats import detectable_tv, holm, mean_interval, prefix_chi_square, prefix_laws, tv_interval
 from mdv.errors import InvalidInputError
 from mdv.oracle.enumerate import expected_accepted
 from mdv.oracle.lp import lp_optimum
@@ -161,12 +161,8 @@ def excess_prefixes(counts: np.ndarray, law: np.ndarray, V: int, n_tokens: int, 
     """The ``top`` prefixes (of 1..n_tokens tokens) with the largest excess frequency over the target."""
     n = counts.sum()
     found: list[Excess] = []
-    c = counts.reshape((V,) * n_tokens).astype(np.float64)
-    P = law.reshape((V,) * n_tokens)
-    for depth in range(1, n_tokens + 1):
-        axes = tuple(range(depth, n_tokens))
-        obs = (c.sum(axes) if axes else c).reshape(-1) / n
-        exp = (P.sum(axes) if axes else P).reshape(-1)
+    for (depth, c), (_, exp) in zip(prefix_laws(counts, V, n_tokens), prefix_laws(law, V, n_tokens)):
+        obs = c / n
         se = np.sqrt(np.maximum(exp * (1 - exp), 1e-300) / n)
         for idx in np.argsort(exp - obs)[:top]:
             if obs[idx] > exp[idx]:

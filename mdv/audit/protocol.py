@@ -25,7 +25,7 @@ for the vectorised samplers of mdv's verifiers, ``mdv bench benchmarks=[audit]``
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -40,8 +40,9 @@ class SamplerError(MdvError, ValueError):
     audit stops with this error instead of a verdict (exit status 2 from the command line)."""
 
 
-@runtime_checkable
 class Sampler(Protocol):
+    """The batch protocol of the module docstring (the type of what the harness calls)."""
+
     def __call__(self, tokens: Tensor, q: Tensor, p: Tensor,
                  generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]: ...
 

@@ -6,6 +6,8 @@ import torch
 from torch import Tensor
 
 from mdv.audit.protocol import as_sampler
+from mdv.verify.base import Block, Uniforms
+from mdv.verify.bv import BlockVerification
 
 
 def block_verification_residual_off_by_one(tokens: Tensor, q: Tensor, p: Tensor,
@@ -17,9 +19,6 @@ def block_verification_residual_off_by_one(tokens: Tensor, q: Tensor, p: Tensor,
     tokens [N, 1, L], q [N, 1, L, V], p [N, 1, L+1, V] -> (tau, sel, token), each [N].
     The acceptance of the first tau tokens follows BV's weights exactly; only the correction is wrong.
     """
-    from mdv.verify.base import Block, Uniforms
-    from mdv.verify.bv import BlockVerification
-
     N, K, L = tokens.shape
     out = BlockVerification().sample(Block(tokens, q, p), Uniforms.draw(N, K, L, generator))
     tau = out.tau.long()

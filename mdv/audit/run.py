@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from mdv.audit.cases import AuditCase
-from mdv.audit.protocol import SamplerError, check_outcome
+from mdv.audit.protocol import Sampler, SamplerError, check_outcome
 from mdv.audit.table import PrefixTable
 from mdv.errors import MdvError
 from mdv.models.sampling import SamplingConfig
@@ -63,7 +63,7 @@ def _guarded(where: str, fn: Any, *args: Any) -> Any:
         raise SamplerError(f"{where}: the sampler raised {type(err).__name__}: {err}") from err
 
 
-def run_batch(sampler: Any, case: AuditCase, table: PrefixTable, n: int, generator: torch.Generator,
+def run_batch(sampler: Sampler, case: AuditCase, table: PrefixTable, n: int, generator: torch.Generator,
               tally: Tally) -> None:
     """Run ``n`` fresh sequences of ``case`` to N tokens and add them to ``tally``."""
     K, L, V, N = case.K, case.L, case.V, case.n_tokens

@@ -2,7 +2,7 @@
 detectable bias, a mean with its interval, and the multiple-testing correction.
 
 * Pearson's chi-square of counts against an exact law, cells of expected count < 5 pooled
-  (:func:`chi_square`); its p-value is asymptotic.
+  (:func:`mdv.oracle.montecarlo.chi_square`, the statistical tests' own); its p-value is asymptotic.
 * A confidence interval on TV(R, P) between the rule's law R and the target law P over m cells, from
   Weissman et al. (2003), "Inequalities for the L1 deviation of the empirical distribution":
   P(||R̂ - R||_1 >= ε) <= (2^m - 2) exp(-n ε² / 2).  With ε_α = sqrt(2 (m ln 2 + ln(1/α)) / n) and the
@@ -25,47 +25,23 @@ import math
 import numpy as np
 from scipy import optimize, stats
 
-#: Cells whose expected count is below this are pooled into one cell before the chi-square test.
-MIN_EXPECTED = 5.0
+from mdv.oracle.montecarlo import chi_square
 
-
-def chi_square(counts: np.ndarray, law: np.ndarray, min_expected: float = MIN_EXPECTED) -> tuple[float, int]:
-    """Pearson's chi-square test of ``counts`` [m] against the exact ``law`` [m] -> (p-value, degrees of freedom).
-
-    Cells of expected count < ``min_expected`` are pooled into one; a count in a cell the law gives
-    probability 0 makes the p-value 0 (an impossible outcome was observed).
-    """
-    counts = np.asarray(counts, dtype=np.float64)
-    law = np.asarray(law, dtype=np.float64)
-    n = counts.sum()
-    if n == 0:
-        return 1.0, 0
-    if (counts[law <= 0] > 0).any():
-        return 0.0, 0
-    expected = n * law / law.sum()  # the law sums to 1 up to rounding
-    big = expected >= min_expected
-    obs = counts[big]
-    exp = expected[big]
-    if (~big).any() and expected[~big].sum() > 0:
-        obs = np.append(obs, counts[~big].sum())
-        exp = np.append(exp, expected[~big].sum())
-    df = len(obs) - 1
-    if df < 1:
-        return 1.0, 0
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    return float(stats.chi2.sf(stat, df)), df
+def prefix_laws(x: np.ndarray, V: int, n_tokens: int):
+    """The laws (or counts) of the first 1, ..., n_tokens tokens from ``x`` [V^n_tokens] (base-V codes, first
+    token most significant): yields (length, [V^length])."""
+    full = np.asarray(x, dtype=np.float64).reshape((V,) * n_tokens)
+    for length in range(1, n_tokens + 1):
+        axes = tuple(range(length, n_tokens))
+        yield length, (full.sum(axes) if axes else full).reshape(-1)
 
 
 def prefix_chi_square(counts: np.ndarray, law: np.ndarray, V: int, n_tokens: int) -> tuple[float, int, int]:
-    """The chi-square tests of the laws of the first 1..n_tokens tokens (counts and law [V^n_tokens], base-V
-    codes, first token most significant) -> (n_tokens x the smallest p-value, capped at 1; the degrees of
-    freedom of the full law's test; the prefix length with the smallest p-value)."""
-    c = np.asarray(counts, dtype=np.float64).reshape((V,) * n_tokens)
-    P = np.asarray(law, dtype=np.float64).reshape((V,) * n_tokens)
+    """The chi-square tests of the laws of the first 1..n_tokens tokens -> (n_tokens x the smallest p-value,
+    capped at 1; the degrees of freedom of the full law's test; the prefix length with the smallest p-value)."""
     best, best_len, df_full = 1.0, n_tokens, 0
-    for length in range(1, n_tokens + 1):
-        axes = tuple(range(length, n_tokens))
-        pv, df = chi_square((c.sum(axes) if axes else c).reshape(-1), (P.sum(axes) if axes else P).reshape(-1))
+    for (length, c), (_, P) in zip(prefix_laws(counts, V, n_tokens), prefix_laws(law, V, n_tokens)):
+        pv, df = chi_square(c, P)
         if length == n_tokens:
             df_full = df
         if pv < best:

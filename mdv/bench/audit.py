@@ -62,13 +62,13 @@ def run_audit_bench(cfg: AuditBench) -> dict[str, Any]:
     case = specs[0].build()
     table = build_table(case)
 
-    def harness(rule: Any, n: int) -> float:
+    def harness(rule: Any, n: int) -> int:
         tally = Tally.empty(case.V, case.n_tokens)
         run_batch(rule, case, table, n, torch.Generator().manual_seed(0), tally)
         return tally.instances
 
     n_scalar = max(1000, cfg.instances // 64)
-    counts: dict[str, float] = {}
+    counts: dict[str, int] = {}
 
     def timed_run(name: str, rule: Any, n: int):
         def go():

@@ -80,30 +80,40 @@ def _count_rows(keys: Tensor, V: int) -> list[tuple[list[int], int]]:
     return list(zip(digits.tolist(), cnt.tolist()))
 
 
-def chi_square_pvalue(counts: Counter, law: dict[tuple, float], min_expected: float = 5.0) -> float:
-    """Pearson chi-square goodness of fit of ``counts`` to ``law``.
+#: Cells whose expected count is below this are pooled into one cell before a chi-square test.
+MIN_EXPECTED = 5.0
 
-    Cells with expected count < ``min_expected`` are pooled into one cell; an observed outcome that the
-    law gives probability 0 makes the p-value 0.
+
+def chi_square(counts: np.ndarray, law: np.ndarray, min_expected: float = MIN_EXPECTED) -> tuple[float, int]:
+    """Pearson's chi-square test of ``counts`` [m] against the exact ``law`` [m] -> (p-value, degrees of freedom).
+
+    Cells of expected count < ``min_expected`` are pooled into one; a count in a cell the law gives
+    probability 0 makes the p-value 0 (an impossible outcome was observed); fewer than two cells: 1.
     """
-    n = sum(counts.values())
+    counts = np.asarray(counts, dtype=np.float64)
+    law = np.asarray(law, dtype=np.float64)
+    n = counts.sum()
+    if n == 0:
+        return 1.0, 0
+    if (counts[law <= 0] > 0).any():
+        return 0.0, 0
+    expected = n * law / law.sum()  # the law sums to 1 up to rounding
+    big = expected >= min_expected
+    obs, exp = counts[big], expected[big]
+    if (~big).any() and expected[~big].sum() > 0:
+        obs = np.append(obs, counts[~big].sum())
+        exp = np.append(exp, expected[~big].sum())
+    df = len(obs) - 1
+    if df < 1:
+        return 1.0, 0
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return float(stats.chi2.sf(stat, df)), df
+
+
+def chi_square_pvalue(counts: Counter, law: dict[tuple, float], min_expected: float = MIN_EXPECTED) -> float:
+    """:func:`chi_square` of ``counts`` against ``law``, both keyed by outcome (an observed outcome the law
+    does not list has probability 0: p-value 0)."""
     if any(law.get(k, 0.0) <= 0 for k in counts):
         return 0.0
-    obs, exp, pool_obs, pool_exp = [], [], 0.0, 0.0
-    for k, pk in law.items():
-        e = n * pk
-        if e < min_expected:
-            pool_obs += counts.get(k, 0)
-            pool_exp += e
-        else:
-            obs.append(counts.get(k, 0))
-            exp.append(e)
-    if pool_exp > 0:
-        obs.append(pool_obs)
-        exp.append(pool_exp)
-    obs_a, exp_a = np.asarray(obs, float), np.asarray(exp, float)
-    exp_a *= obs_a.sum() / exp_a.sum()  # the law sums to 1 up to rounding
-    if len(obs_a) < 2:
-        return 1.0
-    stat = float(((obs_a - exp_a) ** 2 / exp_a).sum())
-    return float(stats.chi2.sf(stat, len(obs_a) - 1))
+    keys = list(law)
+    return chi_square(np.array([counts.get(k, 0) for k in keys]), np.array([law[k] for k in keys]), min_expected)[0]

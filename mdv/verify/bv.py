@@ -21,6 +21,32 @@ from mdv.verify.registry import register_verifier
 from mdv.verify.sd import token_probs
 
 
+def weights_from_log_ratio(log_ratio: Tensor) -> Tensor:
+    """BV's weights ``w_0 = 1, w_i = min(1, w_{i-1} p_i(D_i) / q_i(D_i))`` in log space (long blocks underflow)
+    from the log ratios ``log p_i(D_i) - log q_i(D_i)`` [B, L].  -> [B, L+1]"""
+    log_w = [torch.zeros_like(log_ratio[:, 0])]
+    for i in range(log_ratio.shape[-1]):
+        log_w.append((log_w[-1] + log_ratio[:, i]).clamp_max(0.0))
+    return torch.stack(log_w, -1).exp()
+
+
+def h_middle(A: Tensor, w: Tensor) -> Tensor:
+    """``h_i = A_i / (A_i + 1 - w_i)`` for 0 < i < L (1 where the denominator vanishes), clamped to [0, 1]."""
+    den = A + 1.0 - w
+    vanishes = den <= TOL
+    ratio = A / torch.where(vanishes, torch.ones_like(den), den)
+    return torch.where(vanishes, torch.ones_like(den), ratio).clamp(0.0, 1.0)
+
+
+def h_and_residuals(w: Tensor, p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
+    """BV's acceptance probabilities h_1..h_L [B, L] and unnormalised residuals ``w_i p_i - q_i`` [B, L, V]
+    (i = 0..L-1) from the weights w [B, L+1], the target rows p [B, L+1, V] and the draft law q [B, L, V]
+    along the draft: ``A_i = sum_x (w_i p_i - q_i)_+``, h_i = :func:`h_middle`, ``h_L = w_L``."""
+    scaled = w[:, :-1, None] * p[:, :-1] - q  # [B, L, V]
+    A = scaled.clamp_min(0.0).sum(-1)  # [B, L]
+    return torch.cat([h_middle(A[:, 1:], w[:, 1:-1]), w[:, -1:]], -1), scaled
+
+
 def scalar_decision(w: list[float], p: Tensor, q: Tensor, coins: Tensor, draws: Tensor) -> tuple[int, int]:
     """BV's decision along one draft from its weights, step by step (Sun et al., ICLR 2025, Algorithm 2).
 
@@ -62,10 +88,7 @@ class BlockVerification(Verifier):
         """``w_0..w_L`` along draft 0, computed in log space (long blocks underflow).  -> [B, L+1]"""
         tok = block.tokens[:, 0]
         log_ratio = token_probs(block.p[:, 0, :-1], tok).log() - token_probs(block.q[:, 0], tok).log()  # [B, L]
-        log_w = [torch.zeros_like(log_ratio[:, 0])]
-        for i in range(block.L):
-            log_w.append((log_w[-1] + log_ratio[:, i]).clamp_max(0.0))
-        return torch.stack(log_w, -1).exp()
+        return weights_from_log_ratio(log_ratio)
 
     @classmethod
     def h_and_dists(cls, block: Block) -> tuple[Tensor, Tensor]:
@@ -78,14 +101,7 @@ class BlockVerification(Verifier):
     @classmethod
     def _h_and_scaled(cls, block: Block) -> tuple[Tensor, Tensor]:
         """h [B, L] and the unnormalised residuals ``w_i p_i - q_i`` [B, L, V], i = 0..L-1."""
-        w = cls.weights(block)  # [B, L+1]
-        p, q = block.p[:, 0], block.q[:, 0]  # [B, L+1, V], [B, L, V]
-        scaled = w[:, :-1, None] * p[:, :-1] - q  # [B, L, V]: w_i p_i - q_i for i = 0..L-1
-        A = scaled.clamp_min(0.0).sum(-1)  # [B, L]
-        den = A[:, 1:] + 1.0 - w[:, 1:-1]  # i = 1..L-1
-        h_mid = torch.where(den <= TOL, torch.ones_like(den), A[:, 1:] / torch.where(den <= TOL, torch.ones_like(den), den))
-        h = torch.cat([h_mid.clamp(0.0, 1.0), w[:, -1:]], -1)  # [B, L]
-        return h, scaled
+        return h_and_residuals(cls.weights(block), block.p[:, 0], block.q[:, 0])
 
     def law(self, block: Block, state: Any = None) -> list[Branch]:
         h, dists = self.h_and_dists(block)

@@ -87,9 +87,9 @@ import torch
 from torch import Tensor
 
 from mdv.errors import InvalidInputError
-from mdv.verify._math import TOL, categorical, last_accepted_law, normalize_or
+from mdv.verify._math import categorical, last_accepted_law, normalize_or
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
-from mdv.verify.bv import scalar_decision
+from mdv.verify.bv import h_and_residuals, h_middle, scalar_decision, weights_from_log_ratio
 from mdv.verify.registry import register_verifier
 from mdv.verify.sd import token_probs
 
@@ -228,31 +228,6 @@ def skew_rows(p: Tensor, q: Tensor, alpha: Tensor, rho: Tensor, K: int, tie_rule
     return q * power_sum(a + r * C, a + r * c, K) / D.unsqueeze(-1)
 
 
-def log_weights(log_ratio: Tensor) -> Tensor:
-    """BV's ``w_0..w_L`` from the log ratios log p(M_i) - log q_sel(M_i) [B, L] (the arithmetic of
-    :meth:`mdv.verify.bv.BlockVerification.weights`).  -> [B, L+1]"""
-    log_w = [torch.zeros_like(log_ratio[:, 0])]
-    for i in range(log_ratio.shape[-1]):
-        log_w.append((log_w[-1] + log_ratio[:, i]).clamp_max(0.0))
-    return torch.stack(log_w, -1).exp()
-
-
-def _h_mid(A: Tensor, w: Tensor) -> Tensor:
-    """``h_i = A_i / (A_i + 1 - w_i)`` (1 where the denominator vanishes), clamped to [0, 1]; A, w: same shape."""
-    den = A + 1.0 - w
-    safe = torch.where(den <= TOL, torch.ones_like(den), den)
-    return torch.where(den <= TOL, torch.ones_like(den), A / safe).clamp(0.0, 1.0)
-
-
-def _bv_core(w: Tensor, p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
-    """BV's h [B, L] and unnormalised residuals ``w_i p_i - q_i`` [B, L, V] (i = 0..L-1) from the weights
-    w [B, L+1], the target rows p [B, L+1, V] and draft rows q [B, L, V] (the arithmetic of
-    :meth:`mdv.verify.bv.BlockVerification._h_and_scaled`)."""
-    scaled = w[:, :-1, None] * p[:, :-1] - q  # [B, L, V]
-    A = scaled.clamp_min(0.0).sum(-1)  # [B, L]
-    return torch.cat([_h_mid(A[:, 1:], w[:, 1:-1]), w[:, -1:]], -1), scaled
-
-
 # ---------------------------------------------------------------------------------------- the verifier
 @register_verifier
 class MultiPathBlockVerification(Verifier):
@@ -285,7 +260,7 @@ class MultiPathBlockVerification(Verifier):
         p_rows, q_rows = block.p[ar, sel], block.q[ar, sel]  # [B, L+1, V], [B, L, V]
         path = block.tokens[ar, sel].long()  # [B, L]
         alpha, rho, log_q_tok = path_scalars(path, p_rows, q_rows, block.K, self.tie_rule)
-        w = log_weights(token_probs(p_rows[:, :-1], path).log() - log_q_tok)  # [B, L+1]
+        w = weights_from_log_ratio(token_probs(p_rows[:, :-1], path).log() - log_q_tok)  # [B, L+1]
         return sel, path, p_rows, q_rows, alpha, rho, log_q_tok, w
 
     def selected(self, block: Block) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -298,7 +273,7 @@ class MultiPathBlockVerification(Verifier):
         """The kept path is a function of the drafts; given it, BV's law: L+1 branches by tau."""
         sel, _, p, q_rows, alpha, rho, _, w = self.kept_path(block)
         q_sel = skew_rows(p[:, :-1], q_rows, alpha, rho, block.K, self.tie_rule)  # [B, L, V]
-        h, scaled = _bv_core(w, p, q_sel)
+        h, scaled = h_and_residuals(w, p, q_sel)
         dists = torch.cat([normalize_or(scaled, p[:, :-1]), p[:, -1:]], 1)  # [B, L+1, V]
         prob = last_accepted_law(h)  # [B, L+1]
         zeros = torch.zeros(block.B, dtype=torch.long, device=h.device)
@@ -320,7 +295,7 @@ class MultiPathBlockVerification(Verifier):
             q_sel = skew_rows(p[und, i], q_rows[und, i], alpha[und, i], rho[und, i], K, self.tie_rule)  # [n, V]
             scaled = w[und, i, None] * p[und, i] - q_sel  # [n, V]
             if i > 0:
-                acc = coins[und, i - 1] < _h_mid(scaled.clamp_min(0.0).sum(-1), w[und, i])
+                acc = coins[und, i - 1] < h_middle(scaled.clamp_min(0.0).sum(-1), w[und, i])
                 und, scaled = und[acc], scaled[acc]
             tau[und] = i
             res[und] = scaled
