@@ -190,6 +190,7 @@ class Driver:
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
+        self.runs = 0
         script = workdir / "driver.py"
         script.write_text(DRIVER)
         self.err_path = workdir / "driver.err"
@@ -200,7 +201,6 @@ class Driver:
         hello = self._read(timeout=120)
         self.warm_seconds: float = hello["ready"]
         self.host: str = hello["host"]
-        self.runs = 0
 
     def _read(self, timeout: float = 60) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -211,8 +211,10 @@ class Driver:
             ready, _, _ = select.select([fd], [], [], max(left, 0))
             chunk = os.read(fd, 65536) if ready else b""
             if not chunk:
+                last = self.workdir / f"r{self.runs}.out"  # the newest child's output, where a hang shows
                 raise AssertionError(f"the driver did not answer (timeout or exit); its stderr:\n"
-                                     f"{self.err_path.read_text()[-3000:]}")
+                                     f"{self.err_path.read_text()[-3000:]}\nr{self.runs}'s output:\n"
+                                     f"{last.read_text()[-3000:] if last.exists() else ''}")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         return json.loads(line)

@@ -231,7 +231,8 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     from mdv.sweep.grid import prompt_seed
     from mdv.sweep.model_sets import check_models_available, load_models
     from mdv.sweep.prompts import format_dataset_prompts, import_callable, load_prompt_set, prompt_id
-    from mdv.sweep.runner import dataset_block, progress_bar
+    from mdv.progress import progress_bar
+    from mdv.sweep.runner import dataset_block
     from mdv.sweep.store import (check_writable_dir, environment, remove_stale_locks, remove_stale_temp_files,
                                  try_lock, write_json_atomic)
 

@@ -79,7 +79,7 @@ class InterleavedCheck:
     def __init__(self, target: Any, draft: Any, prompts: Sequence[SpeedCheckPrompt], cells: Sequence[Cell], *,
                  n_tokens: int, temperature: float, top_k: Optional[int] = None, top_p: Optional[float] = None,
                  progress: bool = False) -> None:
-        from mdv.sweep.runner import progress_bar
+        from mdv.progress import progress_bar
 
         self.target, self.draft, self.cells = target, draft, list(cells)
         self.rounds = [prompts[0], *prompts]

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from mdv.progress import progress_bar
 from mdv.sweep.config import RunConfig, validate
 from mdv.sweep.grid import Cell, expand_grid, prompt_seed
 from mdv.sweep.model_sets import LoadedModels, check_models_available, load_models
@@ -47,13 +48,6 @@ from mdv.sweep.store import (SCHEMA, cell_done, cell_path, cells_dir, check_exis
                              remove_stale_temp_files, write_json_atomic)
 
 log = logging.getLogger(__name__)
-
-
-def progress_bar(progress: bool, **kw: Any) -> Any:
-    """A tqdm bar, hidden when ``progress`` is false."""
-    from tqdm import tqdm
-
-    return tqdm(disable=not progress, dynamic_ncols=True, **kw)
 
 
 def _safe_decode(tokenizer: Any, tokens: Sequence[int]) -> str:
