@@ -2,10 +2,12 @@
 
 One iteration of :func:`generate` with a verifier:
 
-1. **Draft.** The draft session processes its pending tokens (committed but not yet in its cache) in
-   one row, then forks into K rows; L sequential steps sample K i.i.d. blocks ``tokens [K, L]``.
-   Each token is drawn from exactly the float64 vector recorded in ``q [K, L, V]``
-   (:meth:`SamplingConfig.probs`, algorithms.md §12.2).
+1. **Draft.** The drafter (:mod:`mdv.drafters`; ``model`` by default) proposes K i.i.d. blocks
+   ``tokens [K, L]``, each token drawn from exactly the float64 vector recorded in ``q [K, L, V]``.
+   The ``model`` drafter's session processes its pending tokens (committed but not yet in its cache) in
+   one row, then forks into K rows and takes L sequential steps (:meth:`SamplingConfig.probs`,
+   algorithms.md §12.2); ``ngram`` looks the law up in the context; ``layerskip`` is ``model`` with the
+   target's first layers.
 2. **Target.** ONE forward pass scores ``[pending, D_k]`` for all k; ``p [K, L+1, V]`` are the laws
    before each draft token plus the bonus position, under the same sampling transform.  With K > 1 the
    pass is a token tree in a single row (``target_pass="tree"``, the default where the target's session
@@ -14,8 +16,9 @@ One iteration of :func:`generate` with a verifier:
 3. **Verify.** ``verifier.step(Block(tokens[None], q[None], p[None]), generator)`` returns tau, the
    selected draft and the correction/bonus token; greedy verifiers keep their target adjustment in
    their own state across iterations (reset per sequence).
-4. **Commit and roll back.** Emit ``D_sel[:tau] + [token]``; both caches keep row ``sel`` (the
-   target's tree: the path of ``D_sel[:tau]``) and are cropped to the kept prefix.  The
+4. **Commit and roll back.** Emit ``D_sel[:tau] + [token]``; the target's cache (and the drafter's,
+   :meth:`~mdv.drafters.base.Drafter.commit`) keeps row ``sel`` (the target's tree: the path of
+   ``D_sel[:tau]``) and is cropped to the kept prefix.  The
    correction/bonus token (and, after a full acceptance, the last draft token for the draft model) is
    *not* in the caches yet: it is pending and processed on the next pass (algorithms.md §12.6).
 
@@ -36,6 +39,9 @@ from torch import Tensor
 
 from mdv.errors import InvalidInputError, unknown_name
 from mdv.metrics import GenerationStats, Stopwatch
+from mdv.drafters.base import Drafter
+from mdv.drafters.model import check_pair, draft_blocks  # noqa: F401  (the engine's names since before mdv.drafters)
+from mdv.drafters.registry import get_drafter
 from mdv.models.base import LanguageModel, check_model, check_token_ids
 from mdv.models.sampling import SamplingConfig
 from mdv.models.session import DecodeSession, open_session, tree_capable
@@ -101,24 +107,6 @@ def _eos_set(eos_token_id: Any, target: Any) -> frozenset[int]:
     return frozenset(int(t) for t in items)
 
 
-def check_pair(target: Any, draft: Any) -> int:
-    """The shared vocabulary size of ``target`` and ``draft``, or :class:`~mdv.errors.InvalidInputError`
-    when either is not a LanguageModel or their vocabularies / tokenizers differ.  ``generate`` calls it
-    for every speculative method; a sweep can call it once, before its first cell."""
-    V = check_model("target", target)
-    Vd = check_model("draft", draft)
-    if Vd != V:
-        raise InvalidInputError(
-            f"target and draft vocabularies differ: target vocab_size={V}, draft vocab_size={Vd}; the"
-            " two models must share one tokenizer (algorithms.md §12.15)")
-    same = getattr(target, "same_vocabulary", None)
-    if callable(same) and not same(draft):
-        raise InvalidInputError(
-            f"target and draft tokenizers map tokens to different ids (both have vocab_size={V}); the"
-            " two models must share one tokenizer")
-    return V
-
-
 def check_prompt_fits(prompt_length: int, ctx: int | None, L: int | None = None) -> None:
     """:class:`~mdv.errors.InvalidInputError` unless a prompt of ``prompt_length`` tokens leaves room in
     a model context of ``ctx`` tokens (None: unbounded) for one token (``L`` None: autoregressive) or
@@ -151,7 +139,8 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
              method: str, K: int = 1, L: int = 4, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, max_new_tokens: int = 64, seed: int = 0,
              eos_token_id: int | Sequence[int] | None = None, *,
-             on_step: Callable[[StepRecord], None] | None = None, target_pass: str = "auto") -> GenerationResult:
+             on_step: Callable[[StepRecord], None] | None = None, target_pass: str = "auto",
+             drafter: str | Drafter = "model", drafter_options: dict[str, Any] | None = None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` with speculative decoding.
 
     target, draft: LanguageModels sharing one vocabulary (``HFModel`` with a KV cache, or any model
@@ -162,7 +151,10 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     tokenizer's EOS (if any); ``[]`` never stops early.  on_step: called after every speculative
     iteration with a :class:`StepRecord`.  target_pass: how the target scores K > 1 drafts -- ``"tree"``
     (one row, shared prefixes once), ``"rows"`` (K rows over a forked cache) or ``"auto"`` (tree where
-    the target's session supports it); K = 1 is always one row.  Returns :class:`GenerationResult`.
+    the target's session supports it); K = 1 is always one row.  drafter: who proposes the K blocks
+    (``mdv.drafters.DRAFTERS``: ``model`` = ``draft``, ``ngram`` = prompt lookup, ``layerskip`` = the
+    target's first layers; or a :class:`~mdv.drafters.base.Drafter` instance), with ``drafter_options``
+    (e.g. ``{"n_max": 3}``); only ``model`` needs ``draft``.  Returns :class:`GenerationResult`.
     """
     from mdv.verify.registry import VERIFIERS
 
@@ -178,14 +170,18 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     sampling = SamplingConfig(temperature, top_k, top_p)
     V = check_model("target", target)
     verifier: Verifier | None = None
+    drf: Drafter | None = None
     if method != AR:
-        check_pair(target, draft)
+        drf = get_drafter(drafter, **(drafter_options or {}))
+        drf.bind(target, draft)
         verifier = VERIFIERS[method]()
         verifier.check_drafts(K)
     if not isinstance(target_pass, str) or target_pass not in TARGET_PASSES:
         raise InvalidInputError(f"target_pass must be 'auto', 'tree' or 'rows'; got {target_pass!r}")
     prompt = check_token_ids("prompt_ids", prompt_ids, V)
-    ctx = max_context(target, draft if method != AR else None)
+    ctx = max_context(target)
+    if drf is not None and drf.max_context is not None:
+        ctx = drf.max_context if ctx is None else min(ctx, drf.max_context)
     check_prompt_fits(len(prompt), ctx, None if method == AR else L)
     eos = _eos_set(eos_token_id, target)
 
@@ -203,8 +199,8 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
         with watch.phase("decode"):
             out = _decode_ar(tgt, prompt, sampling, max_new_tokens, eos, ctx, generator, stats)
     else:
-        assert verifier is not None and draft is not None
-        drf = open_session(draft)
+        assert verifier is not None and drf is not None
+        stats.extra.update({"drafter": drf.name, "drafter_options": drf.options()})
         use_tree = K > 1 and target_pass != "rows" and tree_capable(tgt)
         if target_pass == "tree" and K > 1 and not use_tree:
             raise InvalidInputError(
@@ -214,7 +210,7 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
         stats.extra["target_pass"] = "tree" if use_tree else "rows"
         with watch.phase("prefill"):
             tgt.prefill(prompt[:-1])
-            drf.prefill(prompt[:-1])
+            drf.prefill(prompt)
         with watch.phase("decode"):
             out = _decode_speculative(tgt, drf, verifier, prompt, sampling, K, L, max_new_tokens, eos, ctx,
                                       generator, stats, on_step, use_tree)
@@ -269,33 +265,6 @@ def _decode_ar(tgt: DecodeSession, prompt: list[int], sampling: SamplingConfig, 
     return out
 
 
-def draft_blocks(drf: DecodeSession, seq: Sequence[int], K: int, L: int, sampling: SamplingConfig,
-                 generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """K i.i.d. draft blocks of length L after ``seq`` (module docstring, step 1): the draft session feeds
-    its pending tokens ``seq[drf.length:]`` in one row, forks into K rows and takes L sequential steps
-    (L draft calls).  Each token is drawn from exactly the float64 vector recorded in q.
-
-    Returns tokens [K, L] int64 and q [K, L, V] float64 on the generator's device; the session is left
-    with K rows holding ``seq`` and the first L - 1 draft tokens.
-    """
-    gdev = generator.device
-    pending = torch.tensor([list(seq[drf.length:])], dtype=torch.long, device=drf.device)  # [1, m]
-    logits = drf.extend(pending)[:, -1]  # [1, V]
-    drf.fork(K)
-    q_i = sampling.probs(logits).to(gdev).expand(K, -1)  # [K, V] float64, shared first law
-    qs: list[Tensor] = []
-    toks: list[Tensor] = []
-    for i in range(L):
-        u = torch.rand(K, generator=generator, dtype=torch.float64, device=gdev)
-        x = categorical(q_i, u)  # [K]: drawn from exactly q_i
-        qs.append(q_i)
-        toks.append(x)
-        if i < L - 1:
-            logits = drf.extend(x.unsqueeze(1).to(drf.device))[:, -1]  # [K, V]
-            q_i = sampling.probs(logits).to(gdev)
-    return torch.stack(toks, 1), torch.stack(qs, 1)
-
-
 def score_drafts(tgt: DecodeSession, seq: Sequence[int], tokens: Tensor, sampling: SamplingConfig,
                  tree: TokenTree | None = None) -> Tensor:
     """The target laws along K drafts after ``seq`` in ONE pass (module docstring, step 2):
@@ -317,7 +286,7 @@ def score_drafts(tgt: DecodeSession, seq: Sequence[int], tokens: Tensor, samplin
     return sampling.probs(logits)
 
 
-def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifier, prompt: list[int],
+def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, prompt: list[int],
                         sampling: SamplingConfig, K: int, L: int, max_new_tokens: int, eos: frozenset[int],
                         ctx: int | None, generator: torch.Generator, stats: GenerationStats,
                         on_step: Callable[[StepRecord], None] | None, use_tree: bool) -> list[int]:
@@ -333,10 +302,12 @@ def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifi
         if ctx is not None and n + L > ctx:
             stats.stop_reason = "context"
             break
-        # 1. draft: pending tokens in one row, fork K, L sequential steps over K rows
+        # 1. draft: K i.i.d. blocks with their exact law (the model drafter: pending tokens in one row,
+        #    fork K, L sequential steps over K rows)
         with watch.phase("draft"):
-            tokens, q = draft_blocks(drf, seq, K, L, sampling, generator)  # [K, L], [K, L, V]
-            stats.draft_calls += L
+            proposal = drf.propose(seq, K, L, sampling, generator)
+            tokens, q = proposal.tokens, proposal.q  # [K, L], [K, L, V]
+            stats.draft_calls += proposal.calls
         # 2. target: one pass over [pending, D_k] for all k (a token tree in one row, or K rows)
         with watch.phase("target"):
             tree = build_tree(seq[tgt.length:], tokens.cpu()) if use_tree else None
@@ -357,8 +328,7 @@ def _decode_speculative(tgt: DecodeSession, drf: DecodeSession, verifier: Verifi
         else:
             tgt.keep(sel)
             tgt.crop(n + tau)
-        drf.keep(sel)
-        drf.crop(n + min(tau, L - 1))
+        drf.commit(sel, tau)
         stats.accepted_lengths.append(tau)
         stats.selected_drafts.append(sel)
         if on_step is not None:

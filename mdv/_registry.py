@@ -1,0 +1,76 @@
+"""What the registries of rules share (:mod:`mdv.verify.registry`, :mod:`mdv.drafters.registry`): built-ins
+found by importing a package's modules, plug-ins loaded from an entry-point group, options checked
+against the class's signature."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import pkgutil
+from types import ModuleType
+from typing import Any, Callable, Iterable
+
+from mdv.errors import InvalidInputError
+
+log = logging.getLogger("mdv.registry")
+
+
+def register_builtins(package: ModuleType, skip: Iterable[str], registry: dict[str, Any]) -> None:
+    """Import every module of ``package`` except ``skip`` and ``_``-private ones (each registers its classes
+    into ``registry``), then order ``registry`` by name, whatever order the imports registered in."""
+    skip = frozenset(skip)
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_") and info.name not in skip:
+            importlib.import_module(f"{package.__name__}.{info.name}")
+    ordered = sorted(registry.items())
+    registry.clear()
+    registry.update(ordered)
+
+
+def register_plugins(group: str, kind: str, register: Callable[[type], Any]) -> None:
+    """Load every entry point of ``group``: a class goes through ``register``, a module registers its own
+    classes on import; one that fails is skipped with one warning naming it, never fatal."""
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        try:
+            obj = ep.load()
+            if inspect.isclass(obj):
+                register(obj)
+            elif not inspect.ismodule(obj):
+                raise InvalidInputError(f"it names {type(obj).__name__} {obj!r}, not a {kind} class or a module")
+        except Exception as e:  # a broken plug-in is reported, never fatal
+            log.warning("mdv %s plug-in %r (%s) skipped: %s: %s", kind.lower(), ep.name, ep.value, type(e).__name__,
+                        str(e).splitlines()[0] if str(e) else "")
+
+
+def check_options(kind: str, name: str, cls: type, options: dict[str, Any]) -> None:
+    """:class:`~mdv.errors.InvalidInputError` listing the options ``cls`` takes when ``options`` has others."""
+    accepted = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise InvalidInputError(
+            f"{kind} {name!r} has no option(s) {', '.join(map(repr, unknown))}; its options are: "
+            + (", ".join(accepted) if accepted else "none"))
+
+
+def add_class(registry: dict[str, Any], cls: Any, base: type, *, reserved: dict[str, str] | None = None) -> None:
+    """Add the ``base`` subclass ``cls`` to ``registry`` under ``cls.name``: an identifier, not one of
+    ``reserved`` (name -> why), not taken by another class (the same class again is a no-op)."""
+    kind = base.__name__.lower()
+    where = f"{base.__module__}.{base.__qualname__}"
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
+        raise InvalidInputError(f"register_{kind}: {cls!r} is not a subclass of {where}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InvalidInputError(
+            f"register_{kind}: {cls.__qualname__}.name must be an identifier-like string (it becomes a name in"
+            f" configs); got {name!r}")
+    if reserved and name in reserved:
+        raise InvalidInputError(f"register_{kind}: {cls.__qualname__}.name {name!r} is {reserved[name]}")
+    old = registry.get(name)
+    if old is not None and old is not cls:
+        raise InvalidInputError(
+            f"register_{kind}: the name {name!r} of {cls.__module__}.{cls.__qualname__} is already taken by"
+            f" {old.__module__}.{old.__qualname__}; give the new {kind} another `name`")
+    registry[name] = cls

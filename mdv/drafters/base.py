@@ -1,0 +1,91 @@
+"""The drafter interface: what proposes the K i.i.d. draft blocks of one iteration, with their exact law.
+
+A drafter proposes ``tokens [K, L]`` after the committed sequence ``c`` and records ``q [K, L, V]``, the
+law each token was drawn from: ``q[k, i] = q(. | c, D_k,<i+1)`` (algorithms.md §1, §12.2).  Every
+verifier needs that q *exactly* (a drafter that cannot give it is not a drafter here); the K blocks are
+i.i.d.: row k's token i is drawn from ``q[k, i]`` with its own uniform, independently of the other rows.
+
+Lifecycle per sequence, driven by :func:`mdv.engine.generate`:
+
+1. :meth:`Drafter.bind` once per ``generate`` call, before any work: check the target (and the draft
+   model, where one is needed) and raise :class:`~mdv.errors.InvalidInputError` naming the problem;
+2. :meth:`Drafter.start` with the prompt (a fresh sequence);
+3. per iteration :meth:`Drafter.propose` -> :class:`Draft`, then :meth:`Drafter.commit` with the
+   verifier's outcome (the selected row and its accepted length tau), so a drafter with a cache can roll
+   it back.
+
+Each rule also has :meth:`Drafter.reference_law`, a slow, obviously-correct computation of the law of
+one drafted position from the full context alone; the parity tests hold the fast ``propose`` to it.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import torch
+from torch import Tensor
+
+from mdv.models.sampling import SamplingConfig
+from mdv.verify._math import categorical
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One iteration's proposal.  tokens: [K, L] int64; q: [K, L, V] float64 (q[k, i] is the law token
+    ``tokens[k, i]`` was drawn from); calls: the drafter's model forward calls it took (0 for a lookup)."""
+
+    tokens: Tensor
+    q: Tensor
+    calls: int
+
+
+class Drafter(ABC):
+    """Base class of drafters (see the module docstring).  Subclasses set ``name`` and register with
+    :func:`mdv.drafters.registry.register_drafter`."""
+
+    name: ClassVar[str] = ""
+    #: True when the drafter drafts with the separate draft model passed to ``generate``.
+    needs_draft_model: ClassVar[bool] = False
+
+    def bind(self, target: Any, draft: Any) -> int:
+        """Check ``target`` (and ``draft``) before any generation; -> the vocabulary size V of q."""
+        from mdv.models.base import check_model
+
+        return check_model("target", target)
+
+    @property
+    def max_context(self) -> int | None:
+        """The longest context the drafter can draft after (None: unbounded); valid after :meth:`bind`."""
+        return None
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """A new sequence starts with ``prompt`` (its last token not yet processed by any model)."""
+
+    @abstractmethod
+    def propose(self, seq: Sequence[int], K: int, L: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> Draft:
+        """K i.i.d. blocks of L tokens after the committed sequence ``seq``, drawn with ``generator``."""
+
+    def commit(self, sel: int, tau: int) -> None:
+        """The verifier kept row ``sel`` of the last proposal and accepted its first ``tau`` tokens."""
+
+    @abstractmethod
+    def reference_law(self, context: Sequence[int], sampling: SamplingConfig) -> Tensor:
+        """The law [V] float64 of the next drafted token after ``context`` (committed sequence plus the
+        row's drafted prefix), computed slowly from ``context`` alone."""
+
+    def options(self) -> dict[str, Any]:
+        """The drafter's settings, recorded with every generation (``stats["drafter_options"]``)."""
+        return {}
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
+        return f"{type(self).__name__}({opts})"
+
+
+def draw_rows(laws: Tensor, generator: torch.Generator) -> Tensor:
+    """One token per row of ``laws`` [K, V] (float64), each with its own float64 uniform of
+    ``generator``, by inverse CDF: exactly the law of its row.  -> [K] int64."""
+    u = torch.rand(laws.shape[0], generator=generator, dtype=torch.float64, device=generator.device)
+    return categorical(laws, u)

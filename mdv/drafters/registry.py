@@ -1,0 +1,57 @@
+"""The drafter registry: name -> class, filled by the drafters themselves (as :mod:`mdv.verify.registry`).
+
+1. **Built-ins**: every module of ``mdv.drafters`` except ``base`` and ``registry`` is imported and its
+   :func:`register_drafter` classes are listed in name order.
+2. **Plug-ins**: every entry point of the group ``mdv.drafters`` (``importlib.metadata``) names a
+   :class:`~mdv.drafters.base.Drafter` subclass or a module whose classes register themselves; one that
+   fails to load is skipped with one warning, so a broken plug-in never breaks mdv.
+
+:func:`get_drafter` validates the name and the options before any generation.
+"""
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from mdv._registry import add_class, check_options, register_builtins, register_plugins
+from mdv.drafters.base import Drafter
+from mdv.errors import InvalidInputError, unknown_name
+
+#: The entry-point group third-party drafters register under.
+ENTRY_POINT_GROUP = "mdv.drafters"
+_NOT_DRAFTERS = frozenset({"base", "registry"})
+
+DRAFTERS: dict[str, type[Drafter]] = {}
+D = TypeVar("D", bound=type)
+
+
+def register_drafter(cls: D) -> D:
+    """Class decorator: add ``cls`` to :data:`DRAFTERS` under ``cls.name`` (a name taken by another class
+    is refused; the same class again is a no-op)."""
+    add_class(DRAFTERS, cls, Drafter)
+    return cls
+
+
+def get_drafter(name: Any, **options: Any) -> Drafter:
+    """A fresh drafter by registry name (``layerskip``, ``model``, ``ngram`` and any plug-in) with its
+    options; a :class:`~mdv.drafters.base.Drafter` instance is returned as is (no options allowed)."""
+    if isinstance(name, Drafter):
+        if options:
+            raise InvalidInputError(f"drafter options {sorted(options)} given with a drafter instance {name!r};"
+                                    " set them on the instance")
+        return name
+    try:
+        cls = DRAFTERS[name]
+    except (KeyError, TypeError):
+        raise unknown_name("drafter", name, list(DRAFTERS)) from None
+    check_options("drafter", name, cls, options)
+    return cls(**options)
+
+
+def _register() -> None:
+    import mdv.drafters as package
+
+    register_builtins(package, _NOT_DRAFTERS, DRAFTERS)
+    register_plugins(ENTRY_POINT_GROUP, "Drafter", register_drafter)
+
+
+_register()
