@@ -166,6 +166,41 @@ def test_e2e_benchmark_tiny(tiny_pair, tmp_path) -> None:
     assert [g["met"] is not None for g in rec["goals"]] == [True, True]  # best setting and sd at its best L
 
 
+def test_e2e_crosses_every_drafter_with_every_method(tiny_pair, tmp_path) -> None:
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_e2e
+
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=4, temperatures=[0.4],
+                   methods=["sd", "spectr"], K=[2], L=[2], drafters=["model", "ngram"],
+                   drafter_options={"ngram": {"n_max": 2}}, goal_temperature=0.4)
+    rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
+    cells = {(r["method"], r["K"], r["drafter"]) for r in rec["results"]}
+    assert cells == {("ar", None, None)} | {(m, K, d) for d in ("model", "ngram") for m, K in (("sd", 1), ("spectr", 2))}
+    for r in rec["results"]:
+        if r["method"] != "ar":
+            assert 1.0 <= r["block_efficiency"] <= r["L"] + 1
+    text = "\n".join(section_e2e(load_record(tmp_path / "bench_e2e.json")))
+    for label in ("| sd |", "| spectr |", "| sd+ngram |", "| spectr+ngram |"):
+        assert label in text, text
+
+
+def test_e2e_drafter_that_cannot_run_on_the_pair_fails_before_any_generation(tiny_pair, capsys) -> None:
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=2, methods=["sd"], K=[1],
+                   L=[2], drafters=["model", "layerskip"], drafter_options={"layerskip": {"depth": 1}})
+    with pytest.raises(Exception, match=r"'layerskip' needs a target with at least 2 layers .* this one has 1"):
+        bench.run_e2e(cfg, pair=tiny_pair)
+    assert "e2e generations" not in capsys.readouterr().err
+
+
+def test_e2e_bad_drafter_is_one_clear_error_before_any_model_loads() -> None:
+    from mdv.bench.config import BenchConfig, validate
+
+    with pytest.raises(Exception, match=r"e2e.drafters: unknown drafter 'eagle'; valid drafters are"):
+        validate(BenchConfig(e2e=E2EBench(drafters=["eagle"])))
+    with pytest.raises(Exception, match=r"n_min=4 > n_max=2"):
+        validate(BenchConfig(e2e=E2EBench(drafters=["ngram"], drafter_options={"ngram": {"n_min": 4, "n_max": 2}})))
+
+
 def test_oracle_benchmark_tiny(tmp_path) -> None:
     cfg = OracleBench(vocab_sizes=[2], max_K=2, max_L=2, methods=["sd", "mdbv"], exact_law_max_tuples=16,
                       mc_V=2, mc_K=2, mc_L=2, mc_trials=3000, mc_repeats=2)

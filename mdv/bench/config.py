@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from mdv.errors import InvalidInputError, UnknownNameError, unknown_name
 
@@ -85,7 +85,7 @@ class TargetPassBench:
 
 @dataclass
 class E2EBench:
-    """``e2e``: AR and every (method, K, L) on the pair, per temperature, interleaved per prompt.
+    """``e2e``: AR and every (method, K, L, drafter) on the pair, per temperature, interleaved per prompt.
 
     The first prompt is a warm-up (excluded from timing, kept in block efficiency).  Generation never
     stops at EOS (``eos_token_id=[]``), so every run produces ``max_new_tokens`` tokens and time ratios
@@ -103,6 +103,10 @@ class E2EBench:
     methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
     K: list[int] = field(default_factory=lambda: [1, 3])
     L: list[int] = field(default_factory=lambda: [2, 4, 8])
+    #: drafters (mdv.drafters) crossed with every (method, K, L); their options by name.
+    drafters: list[str] = field(default_factory=lambda: ["model"])
+    drafter_options: dict[str, Any] = field(default_factory=lambda: {"ngram": {"n_max": 3},
+                                                                     "layerskip": {"depth": 8}})
     seed: int = 0
     #: goals at goal_temperature: the best setting >= goal_best x AR, sd at its best L >= goal_sd x AR.
     goal_temperature: float = 0.4
@@ -264,6 +268,14 @@ def validate(cfg: BenchConfig) -> None:
                                 f" ({cfg.memory.n_prompts})")
     if any(t < 0 for t in cfg.e2e.temperatures) or not cfg.e2e.temperatures:
         raise InvalidInputError(f"e2e.temperatures must be a non-empty list of numbers >= 0; got {cfg.e2e.temperatures}")
+    from mdv.drafters.registry import DRAFTERS, get_drafter
+
+    if not cfg.e2e.drafters:
+        raise InvalidInputError("e2e.drafters is empty; choose e.g. e2e.drafters=[model,ngram]")
+    for name in cfg.e2e.drafters:  # names and options are checked here, before any model is loaded
+        if name not in DRAFTERS:
+            raise UnknownNameError(f"e2e.drafters: {unknown_name('drafter', name, list(DRAFTERS))}")
+        get_drafter(name, **dict(cfg.e2e.drafter_options.get(name) or {}))
     for k in cfg.oracle.lp_kinds:
         if k not in ("valid", "greedy"):
             raise UnknownNameError(f"oracle.lp_kinds: {unknown_name('LP kind', k, ['valid', 'greedy'])}")

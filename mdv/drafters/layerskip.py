@@ -80,6 +80,9 @@ class LayerSkipDrafter(ModelDrafter):
             raise InvalidInputError(f"drafter 'layerskip' needs the target as an mdv.models.HFModel (a transformers"
                                     f" model); got {type(target).__name__}")
         layers = len(_decoder(target.model).layers)
+        if layers < 2:
+            raise InvalidInputError(f"drafter 'layerskip' needs a target with at least 2 layers (a shallower exit to"
+                                    f" draft with); this one has {layers}")
         if not 1 <= self.depth < layers:
             raise InvalidInputError(f"layerskip drafter: depth={self.depth} is outside [1, {layers}) for this target"
                                     f" ({layers} layers); choose 1 <= depth <= {layers - 1}")

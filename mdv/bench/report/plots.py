@@ -7,7 +7,7 @@ from typing import Any
 
 from mdv.bench.report.format import _color, fmt, _method_rank, pct
 from mdv.bench.report.load import Record, SPLIT_COLORS, SPLIT_KEYS
-from mdv.bench.report.sections import _e2e_key, _method_k_label, verifier_cell, _verifier_multi, verifier_series
+from mdv.bench.report.sections import _e2e_key, _method_k_label, e2e_label, verifier_cell, _verifier_multi, verifier_series
 
 
 # =============================================================================================== plots
@@ -89,7 +89,7 @@ def plot_e2e_speedup(rec: Record, path: Path) -> str:
         for r in rec.results:
             if (r["temperature"] == T and r["method"] != "ar" and r["speedup"].get("n")
                     and r["speedup"].get("median") is not None):
-                lines.setdefault((r["method"], r["K"]), []).append(r)
+                lines.setdefault((e2e_label(r), r["K"]), []).append(r)
         if lines:
             panels.append((T, lines))
     if not panels:
@@ -154,7 +154,7 @@ def plot_e2e_split(rec: Record, path: Path) -> str:
             ax.bar(xs, vals, bottom=bottom, color=SPLIT_COLORS[k], label=k, width=0.8)
             bottom = [b + v for b, v in zip(bottom, vals)]
         ax.set_xticks(xs)
-        ax.set_xticklabels(["AR" if r["method"] == "ar" else f"{r['method']} K{r['K']} L{r['L']}" for r in rs],
+        ax.set_xticklabels(["AR" if r["method"] == "ar" else f"{e2e_label(r)} K{r['K']} L{r['L']}" for r in rs],
                            rotation=60, ha="right", fontsize=7)
         ax.set_ylim(0, 1.0)
         ax.set_ylabel("share of decode time")

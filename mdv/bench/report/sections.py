@@ -115,19 +115,27 @@ def section_target_pass(rec: Record) -> list[str]:
 
 
 # =============================================================================================== e2e
+def e2e_label(r: dict) -> str:
+    """The row's method, with its drafter where that is not the default draft model (``sd+ngram``)."""
+    d = r.get("drafter")  # absent in records written before mdv.drafters
+    return r["method"] if d in (None, "model") else f"{r['method']}+{d}"
+
+
 def _e2e_key(r: dict) -> tuple:
-    return (_method_rank(r["method"]), r["K"] or 0, r["L"] or 0)
+    d = r.get("drafter")
+    return (d not in (None, "model"), d or "", _method_rank(r["method"]), r["K"] or 0, r["L"] or 0)
 
 
 def best_per_method(rows: Sequence[dict]) -> dict[str, dict]:
-    """method -> its row with the highest median decode speedup (rows without a measured speedup ignored)."""
+    """method (+drafter, :func:`e2e_label`) -> its row with the highest median decode speedup (rows without a
+    measured speedup ignored)."""
     best: dict[str, dict] = {}
     for r in rows:
-        s = r["speedup"]
+        s, key = r["speedup"], e2e_label(r)
         if r["method"] == "ar" or not s.get("n") or s.get("median") is None:
             continue
-        if r["method"] not in best or s["median"] > best[r["method"]]["speedup"]["median"]:
-            best[r["method"]] = r
+        if key not in best or s["median"] > best[key]["speedup"]["median"]:
+            best[key] = r
     return best
 
 
@@ -150,7 +158,7 @@ def section_e2e(rec: Record) -> list[str]:
         cols.append("timed prompts")
         rows = []
         for r in rows_T:
-            row = [r["method"], r["K"] if r["K"] is not None else "-", r["L"] if r["L"] is not None else "-",
+            row = [e2e_label(r), r["K"] if r["K"] is not None else "-", r["L"] if r["L"] is not None else "-",
                    rng(r["tokens_per_second"]), rng(r["speedup"]), fmt(r.get("speedup_mean")), rng(r.get("speedup_e2e")),
                    fmt(r.get("block_efficiency"))]
             if has_split:
@@ -164,7 +172,7 @@ def section_e2e(rec: Record) -> list[str]:
             lines += ["", f"Best setting per method at T = {fmt(T)} (highest median speedup):", ""]
             lines += md_table(["method", "K", "L", "speedup vs AR", "block eff."],
                               [[m, b["K"], b["L"], rng(b["speedup"]), fmt(b.get("block_efficiency"))]
-                               for m, b in sorted(best.items(), key=lambda kv: _method_rank(kv[0]))])
+                               for m, b in sorted(best.items(), key=lambda kv: _e2e_key(kv[1]))])
         lines.append("")
     return lines[:-1]
 
