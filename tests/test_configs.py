@@ -20,11 +20,12 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 import experiments.run  # noqa: F401  (registers the run_schema and the mdv_hydra_dir resolver)
+from mdv.drafters import DRAFTERS
 from mdv.sweep import RunConfig, Task, expand_grid, to_run_config, validate
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "mdv" / "conf"
-GROUPS = ("method", "models", "dataset", "sampling", "sweep", "logger", "paired", "experiment")
+GROUPS = ("method", "drafter", "models", "dataset", "sampling", "sweep", "logger", "paired", "experiment")
 ALL_METHODS = ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "spectr", "spectr_gbv"]  # the baseline, then the registry (name order)
 ALL_DATASETS = ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"]
 
@@ -49,6 +50,7 @@ def test_the_groups_hold_the_documented_options() -> None:
     assert set(options("dataset")) >= set(ALL_DATASETS) | {"all"}
     assert set(options("experiment")) >= {"smoke", "paper_table", "ablation_k", "ablation_l", "ablation_temp", "theory"}
     assert set(options("logger")) == {"none", "wandb"}
+    assert set(options("drafter")) == set(DRAFTERS) | {"all"}
     assert set(options("hydra/launcher")) >= {"processes", "slurm"}
 
 
@@ -65,6 +67,9 @@ def test_every_option_composes_and_validates(override: str) -> None:
     assert cells and len({c.cell_id for c in cells}) == len(cells)
     if group == "method" and option in ALL_METHODS:
         assert [m.value for m in cfg.method.names] == [option]
+    if group == "drafter":
+        assert cfg.drafter.names == (list(DRAFTERS) if option == "all" else [option])
+        assert {c.drafter for c in cells if c.method != "ar"} == set(cfg.drafter.names)
     if group == "dataset" and option in ALL_DATASETS:
         assert [d.value for d in cfg.dataset.names] == [option]
     if group == "models":

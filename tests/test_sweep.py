@@ -24,6 +24,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ import torch
 
 import mdv.sweep as sweep
 import mdv.sweep.runner as runner
-from mdv.errors import InvalidInputError, MissingAssetError
+from mdv.errors import InvalidInputError, MdvError, MissingAssetError
 from mdv.models.tiny_random import TinyTokenizer, build_tiny_random_pair
 from mdv.sweep import Cell, ModelKind, ModelsGroup, RunConfig, cell_path, expand_grid, read_cell, run_sweep
 
@@ -150,12 +151,50 @@ def test_cell_id_depends_on_every_config_field() -> None:
                 seed=0, n_prompts=3, models="default")
     changes = {"dataset": "humaneval", "method": "bv", "K": 2, "L": 5, "temperature": 0.7, "top_k": 5, "top_p": 0.9,
                "max_new_tokens": 16, "seed": 1, "n_prompts": 4, "models": "other", "dataset_source": "hub",
-               "warmup_prompts": 2}
+               "warmup_prompts": 2, "drafter": "ngram"}
     ids = {base.cell_id}
     for k, v in changes.items():
         ids.add(dataclasses.replace(base, **{k: v}).cell_id)
-    assert len(ids) == 1 + len(changes)
+    ngram = dataclasses.replace(base, drafter="ngram")
+    ids.add(dataclasses.replace(ngram, drafter_options=(("n_max", 2),)).cell_id)
+    assert len(ids) == 2 + len(changes)
     assert base.cell_id == Cell(**dataclasses.asdict(base)).cell_id  # deterministic
+    # the default drafter adds nothing: the id is the one this cell had before mdv.drafters existed
+    assert base.cell_id == "gsm8k__sd__K1_L4_T0.4__s0__73ba2911"
+    assert ngram.cell_id.startswith("gsm8k__sd+ngram__K1_L4_T0.4__s0__")
+
+
+def test_drafters_are_an_axis_of_every_speculative_method(tmp_path: Path) -> None:
+    from mdv.analysis import build_tables, load_results
+
+    cfg = tiny_config(tmp_path, **{"method.names": ["ar", "sd", "mdbv"], "dataset.names": ["humaneval"],
+                                   "drafter.names": ["model", "ngram"]})
+    cells = expand_grid(cfg)
+    assert {(c.method, c.K, c.drafter) for c in cells} == {("ar", None, "model"), ("sd", 1, "model"), ("sd", 1, "ngram"),
+                                                           ("mdbv", 2, "model"), ("mdbv", 2, "ngram")}
+    report = run(cfg)
+    assert not report.failed and len(report.ok) == 5
+    for c in cells:
+        data = json.loads((tmp_path / "cells" / f"{c.cell_id}.json").read_text())
+        if c.drafter == "ngram":
+            assert data["config"]["drafter"] == "ngram" and data["config"]["drafter_options"] == {"n_max": 3, "n_min": 1}
+            assert all(g["stats"]["drafter"] == "ngram" and g["stats"]["draft_calls"] == 0 for g in data["generations"])
+        else:
+            assert "drafter" not in data["config"]
+    tables = build_tables(load_results(tmp_path).ok, warn=lambda line: None)
+    assert {m for t in tables for m in t.methods} == {"ar", "sd", "mdbv", "sd+ngram", "mdbv+ngram"}
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"drafter.names": ["eagle"]}, "unknown drafter 'eagle'; valid drafters are: layerskip, model, ngram"),
+    ({"drafter.names": []}, "drafter.names is empty"),
+    ({"drafter.names": ["ngram"], "drafter.options": {"ngram": {"n_min": 5, "n_max": 2}}}, "n_min=5 > n_max=2"),
+    ({"drafter.names": ["layerskip"], "drafter.options": {"layerskip": {"depth": 2.5}}}, "depth must be an integer"),
+])
+def test_bad_drafter_config_raises_before_any_work(tmp_path: Path, over: dict[str, Any], needle: str) -> None:
+    with pytest.raises(MdvError, match=re.escape(needle)):
+        run(tiny_config(tmp_path / "r", **over))
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("key,value,needle", [

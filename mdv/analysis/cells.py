@@ -76,6 +76,16 @@ class Cell:
         return str(self.config.get("method"))
 
     @property
+    def drafter(self) -> str:
+        """The drafter (:mod:`mdv.drafters`); cells written before drafters existed used the draft model."""
+        return str(self.config.get("drafter") or "model")
+
+    @property
+    def label(self) -> str:
+        """The row label: the method, with its drafter where that is not the draft model (``sd+ngram``)."""
+        return self.method if self.drafter == "model" else f"{self.method}+{self.drafter}"
+
+    @property
     def K(self) -> int | None:
         k = self.config.get("K")
         return None if k is None else int(k)

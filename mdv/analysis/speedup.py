@@ -22,23 +22,30 @@ class Speedup:
     unequal_tokens: int = 0
 
 
+def verifier_of(label: str) -> str:
+    """The verifier of a row label (``sd+ngram`` -> ``sd``; a plain method name is its own)."""
+    return label.split("+", 1)[0]
+
+
 def lossless(method: str) -> bool | None:
-    """The registry's flag (AR is lossless by definition); None for an unknown method."""
+    """The registry's flag of ``method`` (or of a ``method+drafter`` label: the drafter does not change it;
+    AR is lossless by definition); None for an unknown method."""
     if method == AR:
         return True
     from mdv.verify.registry import VERIFIERS
 
-    cls = VERIFIERS.get(method)
+    cls = VERIFIERS.get(verifier_of(method))
     return None if cls is None else bool(cls.lossless)
 
 
 def multi_draft(method: str) -> bool:
-    """Whether the method uses K drafts (unknown methods are treated as multi-draft: their K is kept)."""
+    """Whether the method (or ``method+drafter`` label) uses K drafts (unknown methods are treated as
+    multi-draft: their K is kept)."""
     if method == AR:
         return False
     from mdv.verify.registry import VERIFIERS
 
-    cls = VERIFIERS.get(method)
+    cls = VERIFIERS.get(verifier_of(method))
     return True if cls is None else bool(cls.multi_draft)
 
 

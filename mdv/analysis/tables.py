@@ -121,8 +121,10 @@ class Table:
 
 
 def method_rank(m: str) -> tuple:
-    """Sort key of a method: its place in METHOD_ORDER, unknown methods last by name."""
-    return (METHOD_ORDER.index(m), m) if m in METHOD_ORDER else (len(METHOD_ORDER), m)
+    """Sort key of a method (or ``method+drafter`` label): the drafter rows after the draft model's, then
+    the place in METHOD_ORDER, unknown methods last by name."""
+    base, _, drafter = m.partition("+")
+    return (drafter,) + ((METHOD_ORDER.index(base), m) if base in METHOD_ORDER else (len(METHOD_ORDER), m))
 
 
 def _dataset_rank(name: str, label: str) -> tuple:
@@ -224,7 +226,7 @@ def build_tables(cells: Sequence[Cell], warn: Callable[[str], None] | None = Non
             if c.method != AR:
                 if c.L != s.L or (multi_draft(c.method) and c.K != s.K):
                     continue
-            members.setdefault((c.method, c.dataset_label), []).append(c)
+            members.setdefault((c.label, c.dataset_label), []).append(c)
             labels.setdefault(c.dataset_label, _dataset_rank(c.dataset_name, c.dataset_label))
             sources[c.dataset_label] = str(c.dataset.get("source", "?"))
         if s.K >= 0 and not any(m != AR for m, _ in members):

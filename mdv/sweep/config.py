@@ -45,11 +45,22 @@ def method_names(kind: str = "all") -> list[str]:
     return ["ar"] + [name for name, cls in VERIFIERS.items() if keep[kind](cls)]
 
 
+def drafter_names(kind: str = "all") -> list[str]:
+    """``mdv/conf/drafter/all.yaml`` (``names: ${mdv_drafters:all}``): every registered drafter."""
+    from mdv.drafters.registry import DRAFTERS
+
+    if kind != "all":
+        raise InvalidInputError(f"${{mdv_drafters:{kind}}}: unknown drafter list {kind!r}; use all")
+    return list(DRAFTERS)
+
+
 def _register_resolver() -> None:
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("mdv_methods"):
         OmegaConf.register_new_resolver("mdv_methods", method_names)
+    if not OmegaConf.has_resolver("mdv_drafters"):
+        OmegaConf.register_new_resolver("mdv_drafters", drafter_names)
 
 
 _register_resolver()
@@ -99,6 +110,17 @@ class MethodGroup:
     def __post_init__(self) -> None:
         # `${mdv_methods:...}` (conf/method/all.yaml) resolves to plain strings: make them members too
         self.names = [n if isinstance(n, Method) else Method(n) for n in self.names]
+
+
+@dataclass
+class DrafterGroup:
+    """``mdv/conf/drafter/*``: the drafters (:mod:`mdv.drafters`) crossed with every speculative method; AR
+    cells do not depend on them.  options: per drafter name, the keyword options of its class (the
+    ``model`` drafter takes none)."""
+
+    names: list[str] = field(default_factory=lambda: ["model"])
+    options: dict[str, Any] = field(default_factory=lambda: {"ngram": {"n_max": 3, "n_min": 1},
+                                                             "layerskip": {"depth": 8}})
 
 
 @dataclass
@@ -196,6 +218,7 @@ class RunConfig:
     threads: Optional[int] = None
     progress: bool = True
     method: MethodGroup = field(default_factory=MethodGroup)
+    drafter: DrafterGroup = field(default_factory=DrafterGroup)
     models: ModelsGroup = field(default_factory=ModelsGroup)
     dataset: DatasetGroup = field(default_factory=DatasetGroup)
     sampling: SamplingGroup = field(default_factory=SamplingGroup)
@@ -228,6 +251,15 @@ def validate(cfg: RunConfig) -> None:
         raise InvalidInputError(f"unknown method(s) {bad}; valid methods are: {', '.join(valid)}")
     if not cfg.dataset.names:
         raise InvalidInputError("dataset.names is empty; choose e.g. dataset=all or dataset=humaneval")
+    from mdv.drafters.registry import DRAFTERS, get_drafter
+    from mdv.errors import unknown_name
+
+    if not cfg.drafter.names:
+        raise InvalidInputError("drafter.names is empty; choose e.g. drafter=model or drafter=all")
+    for name in cfg.drafter.names:  # names and options checked before any model is loaded
+        if name not in DRAFTERS:
+            raise unknown_name("drafter", name, list(DRAFTERS))
+        get_drafter(name, **drafter_options(cfg, name))
     for key, values in (("sweep.K", cfg.sweep.K), ("sweep.L", cfg.sweep.L)):
         if not values or any(not _is_int(v) or v < 1 for v in values):
             raise InvalidInputError(f"{key} must be a non-empty list of integers >= 1; got {list(values)}"
@@ -259,6 +291,11 @@ def validate(cfg: RunConfig) -> None:
     if kind in (ModelKind.assets, ModelKind.hub) and (not cfg.models.target or not cfg.models.draft):
         raise InvalidInputError(f"models.kind={kind.value} needs models.target and models.draft"
                                 f" (got target={cfg.models.target!r}, draft={cfg.models.draft!r})")
+
+
+def drafter_options(cfg: RunConfig, name: str) -> dict[str, Any]:
+    """The options of drafter ``name`` in ``cfg`` (``drafter.options.<name>``; none for ``model``)."""
+    return dict(cfg.drafter.options.get(name) or {}) if name != "model" else {}
 
 
 def to_run_config(cfg: Any) -> RunConfig:

@@ -1,11 +1,14 @@
 """Cells: the points of a sweep's grid, and the seeds of their prompts.
 
-A **cell** is one (dataset, method, K, L, temperature, top-k, top-p, max_new_tokens, seed, n_prompts,
-models) combination.  :func:`expand_grid` turns a :class:`RunConfig` (lists of methods, datasets, K, L,
+A **cell** is one (dataset, method, drafter, K, L, temperature, top-k, top-p, max_new_tokens, seed,
+n_prompts, models) combination.  :func:`expand_grid` turns a :class:`RunConfig` (lists of methods, datasets, K, L,
 temperatures, seeds) into cells:
 
-* ``method="ar"`` (the autoregressive baseline) does not depend on K or L: one AR cell per
+* ``method="ar"`` (the autoregressive baseline) does not depend on K, L or the drafter: one AR cell per
   (dataset, temperature, seed), with ``K = L = None``;
+* every other method runs with every drafter of ``drafter.names`` (:mod:`mdv.drafters`); a cell with the
+  default ``model`` drafter has the same config, hash and id as before drafters existed, any other one
+  records ``drafter`` and ``drafter_options`` and shows as ``<method>+<drafter>`` in its id;
 * single-draft verifiers (``sd``, ``bv``, ``gbv``) run at K = 1 whatever ``sweep.K`` says, so the K axis
   collapses to one cell for them (e.g. ``paper_table``'s K = 3 means K = 3 for multi-draft methods);
 * cells are ordered dataset -> temperature -> seed -> method -> K -> L, so a method's cell runs next to
@@ -53,17 +56,28 @@ class Cell:
     models: str
     dataset_source: str = "auto"
     warmup_prompts: int = WARMUP_PROMPTS
+    drafter: str = "model"
+    #: the drafter's options as sorted (name, value) pairs (hashable)
+    drafter_options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The method, with its drafter where that is not the default draft model (``sd+ngram``)."""
+        return self.method if self.drafter == "model" else f"{self.method}+{self.drafter}"
 
     def config(self) -> dict[str, Any]:
         """The ``config`` block of the cell file (the contract's keys, plus warmup_prompts and
         dataset_source)."""
-        return {
+        out = {
             "method": self.method, "K": self.K, "L": self.L, "temperature": float(self.temperature),
             "top_k": self.top_k, "top_p": None if self.top_p is None else float(self.top_p),
             "max_new_tokens": self.max_new_tokens, "seed": self.seed, "dataset": self.dataset,
             "n_prompts": self.n_prompts, "models": self.models, "warmup_prompts": self.warmup_prompts,
             "dataset_source": self.dataset_source,
         }
+        if self.drafter != "model":  # the default drafter adds no key: cells written before drafters keep their ids
+            out.update({"drafter": self.drafter, "drafter_options": dict(self.drafter_options)})
+        return out
 
     @property
     def config_hash(self) -> str:
@@ -80,11 +94,12 @@ class Cell:
         if self.top_p is not None and self.top_p < 1:
             t += f"_p{_fmt_num(self.top_p)}"
         shape = t if self.method == "ar" else f"K{self.K}_L{self.L}_{t}"
-        return f"{self.dataset}__{self.method}__{shape}__s{self.seed}__{self.config_hash}"
+        return f"{self.dataset}__{self.label}__{shape}__s{self.seed}__{self.config_hash}"
 
 
 def expand_grid(cfg: RunConfig) -> list[Cell]:
     """All cells of ``cfg`` in run order (see the module docstring); duplicates removed."""
+    from mdv.sweep.config import drafter_options
     from mdv.verify.registry import VERIFIERS
 
     cells: list[Cell] = []
@@ -94,16 +109,18 @@ def expand_grid(cfg: RunConfig) -> list[Cell]:
         for T in s.temperatures:
             for seed in cfg.sweep.seeds:
                 for method in (enum_value(m) for m in cfg.method.names):
+                    shapes: list[tuple[Optional[int], Optional[int], str]]
                     if method == "ar":
-                        shapes: list[tuple[Optional[int], Optional[int]]] = [(None, None)]
+                        shapes = [(None, None, "model")]
                     else:
                         ks = sorted(set(cfg.sweep.K)) if VERIFIERS[method].multi_draft else [1]
-                        shapes = [(k, l) for k in ks for l in cfg.sweep.L]
-                    for K, L in shapes:
+                        shapes = [(k, l, d) for d in cfg.drafter.names for k in ks for l in cfg.sweep.L]
+                    for K, L, d in shapes:
                         cell = Cell(dataset=enum_value(dataset), method=method, K=K, L=L, temperature=float(T),
                                     top_k=s.top_k, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
                                     seed=int(seed), n_prompts=cfg.dataset.n_prompts, models=cfg.models.name,
-                                    dataset_source=cfg.dataset.source)
+                                    dataset_source=cfg.dataset.source, drafter=d,
+                                    drafter_options=tuple(sorted(drafter_options(cfg, d).items())))
                         if cell.cell_id not in seen:
                             seen.add(cell.cell_id)
                             cells.append(cell)

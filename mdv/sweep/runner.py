@@ -70,13 +70,14 @@ def run_cell(cell: Cell, models: LoadedModels, prompt_set: Any, prompt_ids: list
     gens: list[dict[str, Any]] = []
     start = time.perf_counter()
     draft = None if cell.method == "ar" else models.draft
-    bar = progress_bar(progress, total=len(prompt_ids), desc=f"  {cell.method} prompts", leave=False, position=1)
+    bar = progress_bar(progress, total=len(prompt_ids), desc=f"  {cell.label} prompts", leave=False, position=1)
     try:
         for i, ids in enumerate(prompt_ids):
             seed = prompt_seed(cell.seed, i)
             res = generate(models.target, draft, ids, cell.method, K=cell.K or 1, L=cell.L or 1,
                            temperature=cell.temperature, top_k=cell.top_k, top_p=cell.top_p,
-                           max_new_tokens=cell.max_new_tokens, seed=seed)
+                           max_new_tokens=cell.max_new_tokens, seed=seed, drafter=cell.drafter,
+                           drafter_options=dict(cell.drafter_options))
             gens.append({"prompt_index": i, "prompt_id": prompt_id(prompt_set.prompts[i], cell.dataset, i),
                          "seed": seed, "tokens": [int(t) for t in res.tokens], "stats": res.stats,
                          "text": _safe_decode(models.tokenizer, res.tokens)})
