@@ -15,16 +15,79 @@ from mdv.errors import InvalidInputError
 log = logging.getLogger("mdv.registry")
 
 
-def register_builtins(package: ModuleType, skip: Iterable[str], registry: dict[str, Any]) -> None:
-    """Import every module of ``package`` except ``skip`` and ``_``-private ones (each registers its classes
-    into ``registry``), then order ``registry`` by name, whatever order the imports registered in."""
-    skip = frozenset(skip)
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if not info.name.startswith("_") and info.name not in skip:
-            importlib.import_module(f"{package.__name__}.{info.name}")
-    ordered = sorted(registry.items())
-    registry.clear()
-    registry.update(ordered)
+class Registry(dict):
+    """name -> class: the built-ins, registered when their package is imported, then the plug-ins of the
+    entry-point group ``group``, loaded on the first *read* (``[]``, ``in``, iteration, ``get``, ...).
+
+    Loading plug-ins lazily lets one plug-in module define rules of several kinds (a verifier and a
+    drafter) and import any part of mdv: when it loads, mdv is already imported.  Loading them while a
+    package of mdv is still being imported would hand the plug-in a partially initialised module.
+    """
+
+    def __init__(self, group: str, kind: str, register: Callable[[type], Any]):
+        super().__init__()
+        self.group, self.kind, self._register = group, kind, register
+        self._plugins_loaded = False
+
+    def load_plugins(self) -> None:
+        if not self._plugins_loaded:
+            self._plugins_loaded = True  # first: a plug-in that reads the registry while loading must not recurse
+            register_plugins(self.group, self.kind, self._register)
+
+    def register_builtins(self, package: ModuleType, skip: Iterable[str]) -> None:
+        """Import every module of ``package`` except ``skip`` and ``_``-private ones (each registers its
+        classes), then order the entries by name, whatever order the imports registered in."""
+        skip = frozenset(skip)
+        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+            if not info.name.startswith("_") and info.name not in skip:
+                importlib.import_module(f"{package.__name__}.{info.name}")
+        ordered = sorted(dict.items(self))
+        dict.clear(self)
+        dict.update(self, ordered)
+
+    def peek(self, name: str) -> Any:
+        """The class registered under ``name`` so far (plug-ins not loaded), or None."""
+        return dict.get(self, name)
+
+    def __getitem__(self, name: str) -> Any:
+        self.load_plugins()
+        return dict.__getitem__(self, name)
+
+    def __contains__(self, name: object) -> bool:
+        self.load_plugins()
+        return dict.__contains__(self, name)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self.load_plugins()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self.load_plugins()
+        return dict.__len__(self)
+
+    def __repr__(self) -> str:
+        self.load_plugins()
+        return dict.__repr__(self)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.load_plugins()
+        return dict.get(self, name, default)
+
+    def keys(self):  # type: ignore[no-untyped-def]
+        self.load_plugins()
+        return dict.keys(self)
+
+    def values(self):  # type: ignore[no-untyped-def]
+        self.load_plugins()
+        return dict.values(self)
+
+    def items(self):  # type: ignore[no-untyped-def]
+        self.load_plugins()
+        return dict.items(self)
+
+    def copy(self) -> dict[str, Any]:
+        self.load_plugins()
+        return dict(dict.items(self))
 
 
 def register_plugins(group: str, kind: str, register: Callable[[type], Any]) -> None:
@@ -68,7 +131,7 @@ def add_class(registry: dict[str, Any], cls: Any, base: type, *, reserved: dict[
             f" configs); got {name!r}")
     if reserved and name in reserved:
         raise InvalidInputError(f"register_{kind}: {cls.__qualname__}.name {name!r} is {reserved[name]}")
-    old = registry.get(name)
+    old = registry.peek(name) if isinstance(registry, Registry) else registry.get(name)
     if old is not None and old is not cls:
         raise InvalidInputError(
             f"register_{kind}: the name {name!r} of {cls.__module__}.{cls.__qualname__} is already taken by"

@@ -1,6 +1,7 @@
-"""Third-party verifiers: a plug-in package, installed with pip, registers a verifier through the
-``mdv.verifiers`` entry-point group; it then runs in a sweep and in the paired measurement without any
-edit to mdv.  Also the self-filling registry's own rules (built-ins by discovery, refusals)."""
+"""Third-party verifiers and drafters: a plug-in package, installed with pip, registers a verifier through
+the ``mdv.verifiers`` entry-point group and a drafter through ``mdv.drafters``; the verifier then runs in a
+sweep, the paired measurement and the audit, the drafter in ``mdv.generate`` and a sweep, without any edit
+to mdv.  Also the self-filling registries' own rules (built-ins by discovery, refusals)."""
 from __future__ import annotations
 
 import json
@@ -34,14 +35,23 @@ PLUGIN = {
         [project.entry-points."mdv.verifiers"]
         demo_sd = "mdv_demo_plugin:DemoSD"
         broken = "mdv_demo_plugin:NoSuchRule"
+
+        [project.entry-points."mdv.drafters"]
+        demo_lookup = "mdv_demo_plugin:DemoLookup"
         """,
     "mdv_demo_plugin/__init__.py": '''
-        """A user's verifier outside mdv: token-level speculative sampling under another name."""
+        """A user's verifier and drafter outside mdv: token-level speculative sampling and prompt lookup
+        under other names."""
+        from mdv.drafters.ngram import NgramDrafter
         from mdv.verify.sd import SpeculativeSampling
 
 
         class DemoSD(SpeculativeSampling):
             name = "demo_sd"
+
+
+        class DemoLookup(NgramDrafter):
+            name = "demo_lookup"
         ''',
 }
 
@@ -72,6 +82,24 @@ def test_register_refuses_a_taken_name_and_a_non_verifier() -> None:
     with pytest.raises(InvalidInputError, match="'ar' is the autoregressive baseline"):
         register_verifier(Baseline)
     assert VERIFIERS["sd"] is SpeculativeSampling and "ar" not in VERIFIERS
+
+
+def test_builtin_drafters_fill_their_registry_and_register_refuses_what_it_must() -> None:
+    from mdv.drafters import DRAFTERS, Drafter, register_drafter
+    from mdv.drafters.ngram import NgramDrafter
+    from mdv.sweep.config import drafter_names
+
+    assert list(DRAFTERS)[:3] == ["layerskip", "model", "ngram"] and drafter_names("all")[:3] == list(DRAFTERS)[:3]
+
+    class Impostor(NgramDrafter):
+        name = "model"
+
+    with pytest.raises(InvalidInputError, match="'model' .* already taken by mdv.drafters.model.ModelDrafter"):
+        register_drafter(Impostor)
+    with pytest.raises(InvalidInputError, match="register_drafter: .* is not a subclass of mdv.drafters.base.Drafter"):
+        register_drafter(SpeculativeSampling)
+    assert register_drafter(NgramDrafter) is NgramDrafter and DRAFTERS["model"] is not Impostor
+    assert issubclass(DRAFTERS["ngram"], Drafter)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +154,30 @@ def test_a_plugin_verifier_runs_in_a_sweep(plugin_site: Path, tmp_path: Path) ->
     assert set(cells) == {"ar", "sd", "demo_sd"} and all(c["status"] == "ok" for c in cells.values())
     # the plug-in is sd under another name: the same seeds give the same tokens
     assert [g["tokens"] for g in cells["demo_sd"]["generations"]] == [g["tokens"] for g in cells["sd"]["generations"]]
+
+
+def test_a_plugin_drafter_is_registered_and_runs_in_generate_and_a_sweep(plugin_site: Path, tmp_path: Path) -> None:
+    code = ("import json; from mdv.drafters import DRAFTERS; from mdv.sweep.config import drafter_names;"
+            " print(json.dumps([list(DRAFTERS), drafter_names('all')]))")
+    proc = _run(plugin_site, ["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [["layerskip", "model", "ngram", "demo_lookup"]] * 2  # plug-ins last
+    res = tmp_path / "res"
+    proc = _run(plugin_site, [
+        "-m", "experiments.run", "models=tiny_random", "method.names=[ar,sd]", "drafter.names=[ngram,demo_lookup]",
+        "dataset=humaneval", "dataset.n_prompts=2", "sweep.K=[1]", "sweep.L=[3]", "sampling.temperatures=[0.7]",
+        "sampling.max_new_tokens=8", "dataset.loader=tests.test_sweep:stub_prompts",
+        "dataset.formatter=tests.test_sweep:stub_format", "threads=1", "progress=false", f"results_dir={res}"],
+        cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 cells: 3 run" in proc.stdout
+    cells = {json.loads(p.read_text())["cell_id"].split("__")[1]: json.loads(p.read_text())
+             for p in (res / "cells").glob("*.json")}
+    assert set(cells) == {"ar", "sd+ngram", "sd+demo_lookup"} and all(c["status"] == "ok" for c in cells.values())
+    # the plug-in is ngram (its default options) under another name: the same seeds give the same tokens
+    assert ([g["tokens"] for g in cells["sd+demo_lookup"]["generations"]]
+            == [g["tokens"] for g in cells["sd+ngram"]["generations"]])
+    assert all(g["stats"]["drafter"] == "demo_lookup" for g in cells["sd+demo_lookup"]["generations"])
 
 
 def test_a_plugin_verifier_runs_in_the_paired_measurement(plugin_site: Path, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 1. **Built-ins**: every module of ``mdv.drafters`` except ``base`` and ``registry`` is imported and its
    :func:`register_drafter` classes are listed in name order.
-2. **Plug-ins**: every entry point of the group ``mdv.drafters`` (``importlib.metadata``) names a
+2. **Plug-ins**, on the first read of :data:`DRAFTERS`: every entry point of the group ``mdv.drafters`` names a
    :class:`~mdv.drafters.base.Drafter` subclass or a module whose classes register themselves; one that
    fails to load is skipped with one warning, so a broken plug-in never breaks mdv.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from mdv._registry import add_class, check_options, register_builtins, register_plugins
+from mdv._registry import Registry, add_class, check_options
 from mdv.drafters.base import Drafter
 from mdv.errors import InvalidInputError, unknown_name
 
@@ -20,7 +20,7 @@ from mdv.errors import InvalidInputError, unknown_name
 ENTRY_POINT_GROUP = "mdv.drafters"
 _NOT_DRAFTERS = frozenset({"base", "registry"})
 
-DRAFTERS: dict[str, type[Drafter]] = {}
+DRAFTERS: dict[str, type[Drafter]] = Registry(ENTRY_POINT_GROUP, "Drafter", lambda cls: register_drafter(cls))
 D = TypeVar("D", bound=type)
 
 
@@ -47,11 +47,10 @@ def get_drafter(name: Any, **options: Any) -> Drafter:
     return cls(**options)
 
 
-def _register() -> None:
+def _register_builtins() -> None:
     import mdv.drafters as package
 
-    register_builtins(package, _NOT_DRAFTERS, DRAFTERS)
-    register_plugins(ENTRY_POINT_GROUP, "Drafter", register_drafter)
+    DRAFTERS.register_builtins(package, _NOT_DRAFTERS)  # type: ignore[attr-defined]
 
 
-_register()
+_register_builtins()  # plug-ins: on the first read of DRAFTERS (mdv._registry.Registry)

@@ -1,12 +1,12 @@
 """The verifier registry: name -> class, filled by the verifiers themselves.
 
 A verifier is one file: a :class:`~mdv.verify.base.Verifier` subclass decorated with
-:func:`register_verifier`.  The registry fills itself in two steps, the first time :mod:`mdv.verify` is
-imported:
+:func:`register_verifier`.  The registry fills itself in two steps:
 
 1. **Built-ins**: every module of the ``mdv.verify`` package (except the shared ``base``, ``registry``,
    ``adjust`` and ``_``-private ones) is imported and registers its class; they are listed in name order.
-2. **Plug-ins**, after them: every entry point of the group ``mdv.verifiers`` (``importlib.metadata``) is loaded; it
+2. **Plug-ins**, after them, on the first read of :data:`VERIFIERS` (so that a plug-in module may import any
+   part of mdv): every entry point of the group ``mdv.verifiers`` (``importlib.metadata``) is loaded; it
    names a Verifier subclass (``my_rules = "my_pkg.rules:MyRule"``) or a module whose classes register
    themselves.  A plug-in that fails to load is skipped with one warning naming the entry point and the
    error, so a broken plug-in never breaks mdv.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from mdv._registry import add_class, check_options, register_builtins, register_plugins
+from mdv._registry import Registry, add_class, check_options
 from mdv.errors import unknown_name
 from mdv.verify.base import Verifier
 
@@ -28,7 +28,7 @@ ENTRY_POINT_GROUP = "mdv.verifiers"
 #: Modules of ``mdv.verify`` that hold shared code, not a verifier.
 _NOT_VERIFIERS = frozenset({"base", "registry", "adjust"})
 
-VERIFIERS: dict[str, type[Verifier]] = {}
+VERIFIERS: dict[str, type[Verifier]] = Registry(ENTRY_POINT_GROUP, "Verifier", lambda cls: register_verifier(cls))
 V = TypeVar("V", bound=type)
 
 
@@ -51,11 +51,10 @@ def get_verifier(name: str, **options: Any) -> Verifier:
     return cls(**options)
 
 
-def _register() -> None:
+def _register_builtins() -> None:
     import mdv.verify as package
 
-    register_builtins(package, _NOT_VERIFIERS, VERIFIERS)
-    register_plugins(ENTRY_POINT_GROUP, "Verifier", register_verifier)
+    VERIFIERS.register_builtins(package, _NOT_VERIFIERS)  # type: ignore[attr-defined]
 
 
-_register()
+_register_builtins()  # plug-ins: on the first read of VERIFIERS (mdv._registry.Registry)
