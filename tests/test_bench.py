@@ -217,6 +217,28 @@ def test_oracle_benchmark_tiny(tmp_path) -> None:
         _check_spread(r["trials_per_second"], 2)
 
 
+def test_pass_limit_benchmark_tiny(tiny_pair, tmp_path) -> None:
+    cfg = bench.PassLimitBench(pair=PairKind.tiny_random, n=[1, 4], threads=[1], context=5, repeats=2,
+                               bandwidth_megabytes=8, gemm_size=64)
+    rec = _check_record(bench.run_pass_limit(cfg, target=tiny_pair[0]), "pass_limit", tmp_path)
+    res = rec["results"]
+    weights = [m.weight for m in tiny_pair[0].model.modules() if isinstance(m, torch.nn.Linear)]
+    assert res["flops_per_token"] == 2 * sum(w.numel() for w in weights)  # the tiny pair's head is not tied
+    assert res["weight_bytes"] == sum(w.numel() * w.element_size() for w in weights)
+    (entry,) = res["per_threads"]
+    assert entry["threads"] == 1 and [r["n"] for r in entry["passes"]] == [1, 4]
+    for key in ("read_GBps", "gemm_GFLOPs"):
+        _check_spread(entry[key], 2)
+    for r in entry["passes"]:
+        _check_spread(r["ms"], 2)
+        bw, peak = entry["read_GBps"]["median"], entry["gemm_GFLOPs"]["median"]
+        expect = 1e3 * max(res["weight_bytes"] / (bw * 1e9), r["n"] * res["flops_per_token"] / (peak * 1e9))
+        assert r["limit_ms"] == pytest.approx(expect)
+        assert r["vs_limit"]["median"] == pytest.approx(r["ms"]["median"] / r["limit_ms"])
+    assert res["max_abs_prob_diff_cached_vs_full"] < 1e-5
+    assert len(rec["goals"]) == 3 and all(g["met"] is not None for g in rec["goals"])
+
+
 def test_audit_benchmark_tiny(tmp_path) -> None:
     cfg = bench.AuditBench(cases="smoke", methods=["sd", "spectr"], instances=2000, repeats=2,
                            detection_rules=["sd"], detection_cases=["smoke-rand-V3-K1-L1"], epsilon=0.05)

@@ -26,7 +26,7 @@ from mdv import bench
 from mdv.bench import (Benchmark, BenchConfig, E2EBench, MemoryBench, OracleBench, PairKind, TargetPassBench, TinyPair,
                        VerifierBench)
 from mdv.bench.report import BENCHMARKS, SECTIONS
-from mdv.bench import AuditBench, PairedBench
+from mdv.bench import AuditBench, PairedBench, PassLimitBench
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -41,6 +41,8 @@ def tiny_config() -> BenchConfig:
                                K=[1, 2], L=[2, 3], repeats=2, warmup=1, device="cpu", step_pair=PairKind.tiny_random,
                                step_context=4, step_calls=1, goal_V=64, goal_K=2, goal_L=3),
         target_pass=TargetPassBench(pair=PairKind.tiny_random, K=3, L=3, context=6, shared=1, repeats=2, warmup=1),
+        pass_limit=PassLimitBench(pair=PairKind.tiny_random, n=[1, 3], threads=[1], context=4, repeats=2,
+                                  bandwidth_megabytes=8, gemm_size=64),
         e2e=E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=4, temperatures=[0.0, 0.4],
                      methods=["sd", "spectr", "mdbv"], K=[1, 2], L=[1, 2], goal_temperature=0.4),
         oracle=OracleBench(vocab_sizes=[2], max_K=2, max_L=2, methods=["sd", "spectr", "mdbv"], mc_V=2, mc_K=2, mc_L=2,
@@ -313,7 +315,7 @@ def test_missing_benchmarks_and_skipped_plots_are_reported(records_dir, tmp_path
     assert "e2e_time_split.png: skipped (no e2e record)" in stdout
     assert list(out.glob("*.png")) == []
     md = (out / "bench_report.md").read_text()
-    assert "Missing benchmarks (no usable record): `verifier`, `target_pass`, `e2e`, `memory`, `paired`, `audit`." in md
+    assert "Missing benchmarks (no usable record): `verifier`, `target_pass`, `pass_limit`, `e2e`, `memory`, `paired`, `audit`." in md
     assert "## oracle" in md and "## e2e" not in md
 
 
@@ -395,6 +397,6 @@ def test_corrupt_files_among_good_ones_warn_and_go_on(records_dir, tmp_path) -> 
     for name in ("bench_e2e.json", "bench_oracle.json", "bench_memory.json", "empty"):
         assert sum(name in line for line in lines) == 1, name
     md = (out / "bench_report.md").read_text()
-    assert "Missing benchmarks (no usable record): `target_pass`, `e2e`, `oracle`, `memory`, `paired`, `audit`." in md
+    assert "Missing benchmarks (no usable record): `target_pass`, `pass_limit`, `e2e`, `oracle`, `memory`, `paired`, `audit`." in md
     assert "## Warnings" in md and "bench_e2e.json: not valid JSON" in md
     assert is_png(out / "verify_cost_vs_vocab.png")

@@ -4,7 +4,7 @@
     timing.py      interleaved repeats, spreads, ratios within a repeat
     records.py     the environment, printed tables, goals, ``bench_<name>.json``
     pairs.py       the model pairs and prompts the benchmarks run on
-    verifier.py target_pass.py e2e.py oracle.py memory.py paired.py   one benchmark each
+    verifier.py target_pass.py pass_limit.py e2e.py oracle.py memory.py paired.py audit.py   one benchmark each
     runner.py      run(): the selected benchmarks in order
     report.py      the bench report (Markdown and plots) from the records
 
@@ -18,6 +18,8 @@ JSON-able record (``experiments/bench`` writes it to ``bench_<name>.json`` under
 * ``target_pass`` -- the verification pass of K drafts of length L on the default target: the engine's
   token tree (one row, every shared prefix once, keep the selected path) and its K-row fallback (fork the
   cache, one batched pass, keep the selected row), each against the single-draft pass.
+* ``pass_limit`` -- the target's cached pass over n new tokens against its physical limit, max(weight bytes
+  / read bandwidth, n x FLOPs per token / GEMM peak), bandwidth and peak measured in the same run.
 * ``e2e``         -- AR and every method on a model pair over prompts from :mod:`mdv.data`: tokens/s,
   speedup over AR, block efficiency and the draft / target / verify time split.
 * ``oracle``      -- exact enumeration and the LPs at their largest supported sizes (seconds each), and
@@ -34,11 +36,12 @@ environment (CPU, threads, torch version, dtype, device, load average).  Speed i
 each goal of the issue is reported as met / missed next to the measured figure.
 """
 from mdv.bench.config import (AuditBench, BenchConfig, Benchmark, E2EBench, MemoryBench, OracleBench, PairKind,
-                              PairedBench, TargetPassBench, TinyPair, VerifierBench, validate)
+                              PairedBench, PassLimitBench, TargetPassBench, TinyPair, VerifierBench, validate)
 from mdv.bench.e2e import interleaved_generations, run_e2e
 from mdv.bench.memory import rss_trend, run_memory
 from mdv.bench.oracle import largest_size, run_oracle
 from mdv.bench.paired import run_paired_bench, run_paired_benchmark
+from mdv.bench.pass_limit import run_pass_limit
 from mdv.bench.pairs import load_pair, load_target_model, prompt_ids
 from mdv.bench.records import SCHEMA, environment, print_table, write_json
 from mdv.bench.audit import run_audit_bench
@@ -49,9 +52,9 @@ from mdv.bench.verifier import decode_step_times, run_verifier, synthetic_block
 
 __all__ = [
     "SCHEMA", "AuditBench", "Benchmark", "BenchConfig", "E2EBench", "MemoryBench", "OracleBench", "PairKind",
-    "PairedBench",
+    "PairedBench", "PassLimitBench",
     "TargetPassBench", "TinyPair", "VerifierBench", "decode_step_times", "environment", "interleaved",
     "interleaved_generations", "largest_size", "load_pair", "load_target_model", "print_table", "prompt_ids",
     "rotated", "rss_trend", "run", "run_audit_bench", "run_e2e", "run_memory", "run_oracle", "run_paired_bench", "run_paired_benchmark",
-    "run_target_pass", "run_verifier", "spread", "synthetic_block", "time_call", "validate", "write_json",
+    "run_pass_limit", "run_target_pass", "run_verifier", "spread", "synthetic_block", "time_call", "validate", "write_json",
 ]

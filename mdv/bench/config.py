@@ -19,6 +19,7 @@ class Benchmark(str, enum.Enum):
 
     verifier = "verifier"
     target_pass = "target_pass"
+    pass_limit = "pass_limit"
     e2e = "e2e"
     oracle = "oracle"
     memory = "memory"
@@ -137,6 +138,26 @@ class OracleBench:
 
 
 @dataclass
+class PassLimitBench:
+    """``pass_limit``: the target's cached pass over n new tokens against max(weight bytes / read bandwidth,
+    n x FLOPs per token / GEMM peak), bandwidth and peak measured in the same run, per thread count."""
+
+    pair: PairKind = PairKind.default
+    n: list[int] = field(default_factory=lambda: [1, 5, 9, 17, 33])
+    threads: list[int] = field(default_factory=lambda: [1, 2])
+    context: int = 128
+    repeats: int = 5
+    warmup: int = 1
+    #: the read-bandwidth buffer (far above the caches) and the side of the square GEMM that gives the peak
+    bandwidth_megabytes: int = 512
+    gemm_size: int = 2048
+    seed: int = 0
+    #: goals: every pass within goal_ratio x its limit; the cached pass's p equal to a full pass within goal_prob_diff
+    goal_ratio: float = 1.5
+    goal_prob_diff: float = 1e-6
+
+
+@dataclass
 class MemoryBench:
     """``memory``: ``n_prompts`` generations at (K, L) with ``method``; RSS and live tensors per prompt."""
 
@@ -220,6 +241,7 @@ class BenchConfig:
     memory: MemoryBench = field(default_factory=MemoryBench)
     paired: PairedBench = field(default_factory=PairedBench)
     audit: AuditBench = field(default_factory=AuditBench)
+    pass_limit: PassLimitBench = field(default_factory=PassLimitBench)
     tiny: TinyPair = field(default_factory=TinyPair)
 
 
@@ -276,6 +298,12 @@ def validate(cfg: BenchConfig) -> None:
         if name not in DRAFTERS:
             raise UnknownNameError(f"e2e.drafters: {unknown_name('drafter', name, list(DRAFTERS))}")
         get_drafter(name, **dict(cfg.e2e.drafter_options.get(name) or {}))
+    pl = cfg.pass_limit
+    if not pl.n or any(n < 1 for n in pl.n) or not pl.threads or any(t < 1 for t in pl.threads):
+        raise InvalidInputError(f"pass_limit.n and pass_limit.threads must be non-empty lists of integers >= 1; got"
+                                f" n={list(pl.n)}, threads={list(pl.threads)}")
+    if pl.repeats < 1 or pl.bandwidth_megabytes < 1 or pl.gemm_size < 1:
+        raise InvalidInputError("pass_limit.repeats, bandwidth_megabytes and gemm_size must be >= 1")
     for k in cfg.oracle.lp_kinds:
         if k not in ("valid", "greedy"):
             raise UnknownNameError(f"oracle.lp_kinds: {unknown_name('LP kind', k, ['valid', 'greedy'])}")

@@ -14,6 +14,7 @@ from mdv.bench.e2e import run_e2e
 from mdv.bench.memory import run_memory
 from mdv.bench.oracle import run_oracle
 from mdv.bench.paired import run_paired_benchmark
+from mdv.bench.pass_limit import run_pass_limit
 from mdv.bench.pairs import load_target_model, torch_device
 from mdv.bench.records import environment, write_json
 from mdv.bench.target_pass import run_target_pass
@@ -44,6 +45,8 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
             rec = run_oracle(cfg.oracle)
         elif name == "audit":
             rec = run_audit_bench(cfg.audit)
+        elif name == "pass_limit":
+            rec = run_pass_limit(cfg.pass_limit, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "paired":
             rec = run_paired_benchmark(cfg.paired, threads=int(cfg.threads), tiny=cfg.tiny)
         else:

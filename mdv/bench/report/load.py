@@ -188,6 +188,20 @@ def _validate_results(name: str, res: Any) -> None:
             _spread_ok(r.get("instances_per_second"), f"results.throughput[{i}].instances_per_second")
         for i, r in enumerate(_rows(res.get("detection"), "results.detection")):
             _num_or_none(r, "seconds", f"results.detection[{i}]")
+    elif name == "pass_limit":
+        _check(isinstance(res, dict), "results must be an object {per_threads, weight_bytes, ...}")
+        for k in ("weight_bytes", "flops_per_token", "max_abs_prob_diff_cached_vs_full"):
+            _num_or_none(res, k, "results")
+        for i, e in enumerate(_rows(res.get("per_threads"), "results.per_threads")):
+            w = f"results.per_threads[{i}]"
+            _check(isinstance(e.get("threads"), int), f"{w}: 'threads' must be an integer")
+            for k in ("read_GBps", "gemm_GFLOPs"):
+                _spread_ok(e.get(k), f"{w}.{k}")
+            for j, r in enumerate(_rows(e.get("passes"), f"{w}.passes")):
+                _check(isinstance(r.get("n"), int), f"{w}.passes[{j}]: 'n' must be an integer")
+                _num_or_none(r, "limit_ms", f"{w}.passes[{j}]")
+                for k in ("ms", "vs_limit"):
+                    _spread_ok(r.get(k), f"{w}.passes[{j}].{k}")
     elif name == "memory":
         _check(isinstance(res, dict), "results must be an object")
         for k in ("rss_before_mib", "peak_rss_mib", "rss_after_warmup_mib", "rss_end_mib", "rss_growth_mib",

@@ -258,6 +258,24 @@ def section_audit(rec: Record) -> list[str]:
     return lines
 
 
+def section_pass_limit(rec: Record) -> list[str]:
+    res = rec.results
+    lines = ["## pass_limit: the target pass against its physical limit", "",
+             f"{rec.summary.get('target') or 'target'}; {fmt(res['weight_bytes'] / 1e6)} MB of linear weights,"
+             f" {fmt(res['flops_per_token'] / 1e9)} GFLOP per token, {fmt(res.get('context'))} cached tokens. Limit ="
+             " max(weight bytes ÷ read bandwidth, n × FLOPs per token ÷ GEMM peak), both measured in the same run;"
+             " attention over the context is left out, so the limit is a lower bound. Cached pass vs a fresh full"
+             f" pass: max |p diff| = {fmt(res['max_abs_prob_diff_cached_vs_full'])}.", ""]
+    for e in res["per_threads"]:
+        lines += [f"### {e['threads']} thread(s): read bandwidth {rng(e['read_GBps'])} GB/s, GEMM peak"
+                  f" {rng(e['gemm_GFLOPs'])} GFLOP/s", ""]
+        lines += md_table(["n new tokens", "ms", "limit ms", "bound", "× limit"],
+                          [[r["n"], rng(r["ms"]), fmt(r["limit_ms"]), r.get("bound", "-"), rng(r["vs_limit"])]
+                           for r in e["passes"]])
+        lines.append("")
+    return lines[:-1]
+
+
 SECTIONS: dict[str, Callable[..., list[str]]] = {
     "verifier": section_verifier, "target_pass": section_target_pass, "e2e": section_e2e, "oracle": section_oracle,
-    "memory": section_memory, "paired": section_paired, "audit": section_audit}
+    "memory": section_memory, "paired": section_paired, "audit": section_audit, "pass_limit": section_pass_limit}

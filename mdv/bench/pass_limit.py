@@ -1,0 +1,124 @@
+"""The ``pass_limit`` benchmark: how far the target's forward pass is from its physical limit on this machine.
+
+A pass over n new tokens reads every weight once and does about ``n · F`` floating-point operations,
+``F = 2 · (weights of every linear layer, the output head included)`` per token (attention over the
+cached context adds ``4 · layers · hidden · context`` per token, small at the contexts timed here and
+left out: the limit is a lower bound).  It cannot take less than
+
+    limit(n) = max(W / B, n · F / P)
+
+with W the bytes of those weights, B the machine's memory read bandwidth and P its peak GEMM rate, both
+measured here in the same run and at the same thread count (B: ``sum`` over a buffer far larger than the
+caches; P: a large square float32 matrix product).  The benchmark times the engine's cached pass
+(``HFSession.extend`` of n tokens after ``context`` cached ones) for each n and thread count and reports
+``time / limit``; it also checks the cached pass's probabilities against a fresh full forward pass.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import torch
+
+from mdv.bench.config import PairKind, PassLimitBench, TinyPair
+from mdv.bench.pairs import default_target_available, load_target_model, torch_device
+from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text, skipped_record
+from mdv.bench.timing import spread, sync_for, time_call
+
+
+def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The distinct weight matrices of every ``nn.Linear`` of ``model`` (a tied output head counted once)."""
+    seen: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            seen.setdefault(id(mod.weight), mod.weight)
+    return list(seen.values())
+
+
+def read_bandwidth(megabytes: int, repeats: int) -> list[float]:
+    """Memory read bandwidth in GB/s, one figure per repeat: ``sum`` over a ``megabytes`` float32 buffer."""
+    x = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
+    x.sum()  # touch every page first
+    return [x.numel() * 4 / time_call(x.sum) / 1e9 for _ in range(repeats)]
+
+
+def gemm_rate(size: int, repeats: int) -> list[float]:
+    """Peak float32 GEMM rate in GFLOP/s, one figure per repeat: a [size x size] · [size x size] product."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=gen)
+    b = torch.randn(size, size, generator=gen)
+    a @ b  # warm-up: thread pool, packing buffers
+    return [2 * size ** 3 / time_call(lambda: a @ b) / 1e9 for _ in range(repeats)]
+
+
+def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | None = None,
+                   device: Optional[str] = None, dtype: str = "float32") -> dict[str, Any]:
+    """The ``pass_limit`` benchmark (module docstring)."""
+    t_start = time.perf_counter()
+    dev = torch_device(device)
+    if target is None:
+        if PairKind(cfg.pair) == PairKind.default:
+            ok, why = default_target_available()
+            if not ok:
+                return skipped_record("pass_limit", cfg, f"default target unavailable: {why}")
+        target = load_target_model(dev, cfg.pair, tiny, dtype)
+    sync = sync_for(dev)
+    weights = linear_weights(target.model)
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    flops_per_token = 2 * sum(w.numel() for w in weights)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    n_max = max(cfg.n)
+    tokens = torch.randint(0, target.vocab_size, (cfg.context + n_max,), generator=gen).tolist()
+    threads_before = torch.get_num_threads()
+    per_threads: list[dict[str, Any]] = []
+    try:
+        for t in cfg.threads:
+            torch.set_num_threads(int(t))
+            bw = read_bandwidth(cfg.bandwidth_megabytes, cfg.repeats)
+            peak = gemm_rate(cfg.gemm_size, cfg.repeats)
+            bw_med, peak_med = spread(bw)["median"], spread(peak)["median"]
+            rows = []
+            s = target.new_session()
+            with torch.inference_mode():
+                s.prefill(tokens[:cfg.context])
+                for n in cfg.n:
+                    new = torch.tensor([tokens[cfg.context:cfg.context + n]], device=dev)  # [1, n]
+
+                    def one_pass(new: torch.Tensor = new) -> None:
+                        s.extend(new)
+                        s.crop(cfg.context)
+
+                    for _ in range(cfg.warmup):
+                        one_pass()
+                    ms = [1e3 * time_call(one_pass, sync) for _ in range(cfg.repeats)]
+                    limit_ms = 1e3 * max(weight_bytes / (bw_med * 1e9), n * flops_per_token / (peak_med * 1e9))
+                    rows.append({"n": n, "ms": spread(ms), "limit_ms": limit_ms,
+                                 "bound": "bandwidth" if weight_bytes / bw_med >= n * flops_per_token / peak_med
+                                 else "compute",
+                                 "vs_limit": spread([m / limit_ms for m in ms])})
+            per_threads.append({"threads": int(t), "read_GBps": spread(bw), "gemm_GFLOPs": spread(peak), "passes": rows})
+    finally:
+        torch.set_num_threads(threads_before)
+    # the cached pass's law against a fresh full forward pass over the same tokens
+    with torch.inference_mode():
+        s = target.new_session()
+        s.prefill(tokens[:cfg.context])
+        cached = torch.softmax(s.extend(torch.tensor([tokens[cfg.context:cfg.context + n_max]], device=dev))[0].double(), -1)
+        full = torch.softmax(target.forward(torch.tensor([tokens[:cfg.context + n_max]]))[0, cfg.context:].double(), -1)
+    prob_diff = float((cached - full).abs().max())
+    res = {"context": cfg.context, "weight_bytes": weight_bytes, "flops_per_token": flops_per_token,
+           "per_threads": per_threads, "max_abs_prob_diff_cached_vs_full": prob_diff}
+    for entry in per_threads:
+        print_table(f"target pass vs its limit, {entry['threads']} thread(s): read bandwidth"
+                    f" {range_text(entry['read_GBps'])} GB/s, GEMM {range_text(entry['gemm_GFLOPs'])} GFLOP/s;"
+                    f" {weight_bytes / 1e6:.0f} MB of linear weights, {flops_per_token / 1e9:.3g} GFLOP per token,"
+                    f" {cfg.context} cached tokens ({target.name})", ["n new tokens", "ms", "limit ms", "bound", "x limit"],
+                    [[r["n"], range_text(r["ms"]), f"{r['limit_ms']:.3g}", r["bound"], range_text(r["vs_limit"])]
+                     for r in entry["passes"]])
+    print(f"  cached pass vs a fresh full pass: max |p diff| = {prob_diff:.3g}", flush=True)
+    goals = [goal_record(f"{e['threads']} thread(s), n={r['n']}: pass <= {cfg.goal_ratio:g}x its limit",
+                         r["vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
+    goals.append(goal_record("cached pass p equal to a fresh full pass (max abs difference)", prob_diff, cfg.goal_prob_diff))
+    print_goals(goals)
+    return bench_record("pass_limit", cfg, str(dev), str(target.dtype).removeprefix("torch."), res,
+                        {"target": target.name}, goals, wall_seconds=time.perf_counter() - t_start)
