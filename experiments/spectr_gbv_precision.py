@@ -54,7 +54,8 @@ def theory_rows() -> list[list[str]]:
 
 def real_rows(n_contexts: int) -> list[list[str]]:
     from mdv.data import format_prompt, load_prompts
-    from mdv.engine import draft_blocks, score_drafts
+    from mdv.drafters.model import draft_blocks
+    from mdv.engine import score_drafts
     from mdv.models import HFModel
     from mdv.models.default_pair import load_default_pair
     from mdv.models.sampling import SamplingConfig

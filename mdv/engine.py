@@ -40,7 +40,6 @@ from torch import Tensor
 from mdv.errors import InvalidInputError, unknown_name
 from mdv.metrics import GenerationStats, Stopwatch
 from mdv.drafters.base import Drafter
-from mdv.drafters.model import check_pair, draft_blocks  # noqa: F401  (the engine's names since before mdv.drafters)
 from mdv.drafters.registry import get_drafter
 from mdv.models.base import LanguageModel, check_model, check_token_ids
 from mdv.models.sampling import SamplingConfig

@@ -80,8 +80,8 @@ class ModelDrafter(Drafter):
     def draft_model(self, target: Any, draft: Any) -> Any:
         """The LanguageModel that drafts (subclasses derive it from the target)."""
         if draft is None:
-            raise InvalidInputError("drafter 'model' needs a draft model: pass draft=<LanguageModel>, or choose"
-                                    " a drafter that needs none (drafter='ngram' or 'layerskip')")
+            raise InvalidInputError("draft model is missing; pass a LanguageModel (CallableLM or HFModel) as draft,"
+                                    " or choose a drafter that needs none (drafter='ngram' or 'layerskip')")
         return draft
 
     def bind(self, target: Any, draft: Any) -> int:

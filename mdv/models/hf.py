@@ -188,7 +188,7 @@ class HFModel:
 
         Only what can be compared is: when either model has no tokenizer, or a tokenizer cannot list its
         vocabulary (``get_vocab`` absent or unimplemented), the ids cannot be checked and the pair is
-        accepted on its equal vocabulary size alone (which :func:`mdv.engine.check_pair` checks first)."""
+        accepted on its equal vocabulary size alone (which :func:`mdv.drafters.model.check_pair` checks first)."""
         a, b = self.tokenizer, getattr(other, "tokenizer", None)
         if a is None or b is None or a is b:
             return True

@@ -520,7 +520,8 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
 
     from mdv.bench.timing import spread, sync_for, time_call
     from mdv.bench.verifier import synthetic_block
-    from mdv.engine import check_pair, check_prompt_fits, max_context, score_drafts
+    from mdv.drafters.model import check_pair
+    from mdv.engine import check_prompt_fits, max_context, score_drafts
     from mdv.models.base import check_token_ids
     from mdv.models.sampling import SamplingConfig
     from mdv.models.session import open_session, tree_capable

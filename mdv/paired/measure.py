@@ -10,7 +10,7 @@ For prompt i of a dataset (sampling transform T, top-k, top-p of the run):
    j = 0, stride, 2·stride, ... < len(trajectory): they follow the target's law, like the contexts of a
    lossless generation.
 2. **Drafts.**  At each context the draft proposes K_max i.i.d. blocks of length L_max in one K-row batch
-   (:func:`mdv.engine.draft_blocks`, the engine's own step, generator seeded with ``draft_seed``).
+   (:func:`mdv.drafters.model.draft_blocks`, the engine's own step, generator seeded with ``draft_seed``).
 3. **Target.**  ONE token-tree pass scores every distinct draft prefix (:func:`mdv.engine.score_drafts`).
 4. **Laws.**  For every verifier, K ≤ K_max and L ≤ L_max: the exact ``E[tau | c, D]`` and ``P(tau ≥ i |
    c, D)`` from the verifier's own ``law`` with a fresh state (:mod:`mdv.paired.conditional`); and, at
@@ -102,7 +102,8 @@ class ContextProbe:
     @torch.inference_mode()
     def measure(self, seq: Sequence[int], K_max: int, L_max: int, methods: Sequence[str],
                 timing: PromptTiming | None = None, optimum_draws: int = 0) -> ContextMeasurement:
-        from mdv.engine import draft_blocks, score_drafts
+        from mdv.drafters.model import draft_blocks
+        from mdv.engine import score_drafts
         from mdv.models.tree import build_tree
         from mdv.oracle.membership import membership_ot_sorted_upto
         from mdv.paired.conditional import first_token_acceptance, first_token_block
@@ -270,7 +271,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     check_todo = not check_is_current(run_cfg, out, datasets)
     if pending or check_todo or (cfg.calibration is not None
                                  or (cfg.calibrate and not (out / CALIBRATION_FILE).exists())):
-        from mdv.engine import check_pair
+        from mdv.drafters.model import check_pair
 
         loader = loader or import_callable(run_cfg.dataset.loader, "dataset.loader")
         formatter = formatter or import_callable(run_cfg.dataset.formatter, "dataset.formatter")

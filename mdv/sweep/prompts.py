@@ -65,7 +65,7 @@ def format_prompts(pending: Sequence[Cell], prompt_sets: dict[str, Any], models:
     format to valid ids that leave room in the model context for one block of the largest L.  A bad
     prompt or pair is bad input (one :class:`~mdv.errors.InvalidInputError` naming the dataset and
     prompt), not a failed cell: rerunning could not fix it."""
-    from mdv.engine import check_pair
+    from mdv.drafters.model import check_pair
 
     if any(c.method != "ar" for c in pending):
         check_pair(models.target, models.draft)
