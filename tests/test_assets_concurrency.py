@@ -2,7 +2,7 @@
 
 Fetches run in child processes (``python -c`` importing :func:`_child` from this module) into a private
 ``$MDV_CACHE``; the child registers fake assets and replaces the registry download
-(``mdv.assets._run_pip_download``) by a copy of a local fake archive, which can be told to block half-way
+(``mdv.assets.download._run_pip_download``) by a copy of a local fake archive, which can be told to block half-way
 so that the test can start a second fetch beside it or SIGKILL it.  Everything the locks, the private
 temporaries, the shared ``_downloads/`` store and the archive checks do runs for real.
 """
@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 
 from mdv import assets
+from mdv.assets import archive as assets_archive
+from mdv.assets import download as assets_download
+from mdv.assets import fetching as assets_fetching
 from mdv.errors import MdvError, MissingAssetError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,16 +120,16 @@ def _child(spec_path: str, argv: list[str]) -> None:
     """Entry point of a child fetch: register the fakes, patch the download, run the command line."""
     spec = json.loads(Path(spec_path).read_text())
     _register(spec, lambda d, k, v: d.__setitem__(k, v))
-    assets._run_pip_download = _fake_download(spec)
+    assets_download._run_pip_download = _fake_download(spec)
     if spec["block"] == "extract":  # hang after the first member of a tree is written
-        copy_to = assets._Archive.copy_to
+        copy_to = assets_archive._Archive.copy_to
 
         def slow_copy_to(self, member, out):
             copy_to(self, member, out)
             out.flush()
             Path(spec["marker"]).write_text(str(os.getpid()))
             time.sleep(120)  # killed here
-        assets._Archive.copy_to = slow_copy_to
+        assets_archive._Archive.copy_to = slow_copy_to
     if spec["module"] == "data":
         from mdv.data.__main__ import main
     else:
@@ -262,7 +265,7 @@ def test_fetch_killed_mid_download_is_recovered(tmp_path: Path, env: Path, monke
     # the rerun (another process: this one) takes the dead process's lock and cleans up after it
     spec["block"] = None
     _register(spec, monkeypatch.setitem)
-    monkeypatch.setattr(assets, "_run_pip_download", _fake_download(spec))
+    monkeypatch.setattr(assets_download, "_run_pip_download", _fake_download(spec))
     assert not assets.is_available("cc-model")
     assert (env / "cc-model" / ".fetch.lock").exists()
     assert assets.main(["fetch", "cc-model"]) == 0
@@ -292,7 +295,7 @@ def test_fetch_killed_mid_extraction_is_recovered(tmp_path: Path, env: Path,
     (legacy / "sub" / "0000.toml").write_text("stale")
     spec["block"] = None
     _register(spec, monkeypatch.setitem)
-    monkeypatch.setattr(assets, "_run_pip_download", _fake_download(spec))
+    monkeypatch.setattr(assets_download, "_run_pip_download", _fake_download(spec))
     assert not assets.is_available("cc-tree-0")
     assert assets.main(["fetch", "cc-tree-0"]) == 0
     assert assets.main(["check", "cc-tree-0"]) == 0
@@ -318,7 +321,7 @@ def _tree_asset(monkeypatch, tmp_path: Path, archive: bytes, prefix: str, name: 
         (dest / src.name).write_bytes(src.read_bytes())
         return dest / src.name
 
-    monkeypatch.setattr(assets, "_run_pip_download", download)
+    monkeypatch.setattr(assets_download, "_run_pip_download", download)
     return calls
 
 
@@ -378,7 +381,7 @@ def test_archive_with_wrong_sha256_is_refused_before_it_is_opened(tmp_path: Path
     def never(*args, **kwargs):
         raise AssertionError("a mismatching archive was opened")
 
-    monkeypatch.setattr(assets._Archive, "__init__", never)
+    monkeypatch.setattr(assets_archive._Archive, "__init__", never)
     monkeypatch.setattr(zipfile.ZipFile, "__init__", never)
     with pytest.raises(MissingAssetError, match=r"(?s)has sha256 [0-9a-f]{64}, but [0-9a-f]{64} is pinned; "
                                                 r"it was not opened") as ei:
@@ -405,7 +408,7 @@ def test_shared_archive_is_downloaded_once(tmp_path: Path, env: Path, monkeypatc
                                            capsys: pytest.CaptureFixture[str]) -> None:
     spec = _spec(tmp_path, n_trees=3)
     _register(spec, monkeypatch.setitem)
-    monkeypatch.setattr(assets, "_run_pip_download", _fake_download(spec))
+    monkeypatch.setattr(assets_download, "_run_pip_download", _fake_download(spec))
     downloads = lambda: Path(spec["log"]).read_text().split()[::2] if Path(spec["log"]).exists() else []
     store = env / "_downloads" / spec["assets"][1]["parts"][0]["sha256"]
 
@@ -429,8 +432,8 @@ def test_shared_archive_is_deleted_when_two_fetches_finish_together(tmp_path: Pa
     own: the one that installs last sees both in place and deletes the stored wheel (none is left)."""
     spec = _spec(tmp_path, n_trees=2)
     _register(spec, monkeypatch.setitem)
-    monkeypatch.setattr(assets, "_run_pip_download", _fake_download(spec))
-    release = assets._release_archive
+    monkeypatch.setattr(assets_download, "_run_pip_download", _fake_download(spec))
+    release = assets_fetching._release_archive
     nested: list[str] = []
 
     def release_then_other_fetch(part, done):
@@ -438,7 +441,7 @@ def test_shared_archive_is_deleted_when_two_fetches_finish_together(tmp_path: Pa
         if done == "cc-tree-0" and not nested:  # cc-tree-0 extracted, not installed: cc-tree-1 runs to the end
             nested.append("cc-tree-1")
             assets.fetch("cc-tree-1", quiet=True)
-    monkeypatch.setattr(assets, "_release_archive", release_then_other_fetch)
+    monkeypatch.setattr(assets_fetching, "_release_archive", release_then_other_fetch)
     assets.fetch("cc-tree-0", quiet=True)
     assert nested and assets.is_available("cc-tree-0") and assets.is_available("cc-tree-1")
     assert Path(spec["log"]).read_text().split()[::2] == ["cc-shared-pkg"]
@@ -452,6 +455,6 @@ def test_real_archives_are_pinned() -> None:
             continue
         for part in a.parts:
             assert part.sha256 is not None and len(part.sha256) == 64, (a.name, part.requirement)
-    gsm = {assets._archive_key(p) for a in assets.ASSETS.values() if a.name.startswith("gsm-symbolic-")
+    gsm = {assets_download._archive_key(p) for a in assets.ASSETS.values() if a.name.startswith("gsm-symbolic-")
            for p in a.parts}
     assert gsm == {assets.GSM_WHEEL_SHA256}

