@@ -568,7 +568,7 @@ CLI_CASES: dict[str, CliCase] = {
     # python -m experiments.bench
     "bench/unknown-benchmark": CliCase("bench", {"benchmarks": "[nope]"},
                                        r"benchmarks=\[nope\]; Invalid value 'nope', expected one of \[verifier,"
-                                       r" target_pass, pass_limit, e2e, oracle, memory, paired, audit\]"),
+                                       r" target_pass, pass_limit, e2e, oracle, memory, paired, audit, hf_compare\]"),
     "bench/unknown-method": CliCase("bench", {"verifier.methods": "[nope]"},
                                     r"verifier.methods: unknown method 'nope'; valid methods are: " + ALL_VERIFIERS),
     "bench/K=0": CliCase("bench", {"verifier.K": "[0]"},

@@ -239,6 +239,33 @@ def test_pass_limit_benchmark_tiny(tiny_pair, tmp_path) -> None:
     assert len(rec["goals"]) == 3 and all(g["met"] is not None for g in rec["goals"])
 
 
+def test_hf_compare_benchmark_tiny(tmp_path) -> None:
+    pair = bench.load_pair(torch.device("cpu"), PairKind.tiny_random, TinyPair(num_layers=2))
+    cfg = bench.HFCompareBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=5,
+                               early_exit_depth=1)
+    rec = _check_record(bench.run_hf_compare(cfg, pair=pair), "hf_compare", tmp_path)
+    rows = {r["contender"]: r for r in rec["results"]}
+    assert list(rows) == list(cfg.contenders)
+    for name, r in rows.items():
+        assert r["new_tokens"] == [5] and r["n_timed_prompts"] == 2, name  # every call made exactly 5 tokens
+        _check_spread(r["tokens_per_second"], 2)
+        _check_spread(r["speed_vs_hf_plain"], 2)
+    assert rows["hf_plain"]["speed_vs_hf_plain"]["median"] == 1.0
+    assert [g["goal"].split(" at least")[0] for g in rec["goals"]] == ["mdv_sd_model", "mdv_sd_ngram",
+                                                                     "mdv_sd_layerskip", "mdv_ar"]
+    assert all(g["met"] is not None for g in rec["goals"])
+
+
+def test_hf_compare_checks_its_contenders_and_the_early_exit_depth(tiny_pair) -> None:
+    from mdv.bench.config import BenchConfig, validate
+
+    with pytest.raises(Exception, match=r"hf_compare.contenders: unknown contender 'vllm'; valid contenders are"):
+        validate(BenchConfig(hf_compare=bench.HFCompareBench(contenders=["vllm"])))
+    cfg = bench.HFCompareBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=2)
+    with pytest.raises(Exception, match=r"'layerskip' needs a target with at least 2 layers"):
+        bench.run_hf_compare(cfg, pair=tiny_pair)  # the 1-layer tiny pair: before any generation
+
+
 def test_audit_benchmark_tiny(tmp_path) -> None:
     cfg = bench.AuditBench(cases="smoke", methods=["sd", "spectr"], instances=2000, repeats=2,
                            detection_rules=["sd"], detection_cases=["smoke-rand-V3-K1-L1"], epsilon=0.05)

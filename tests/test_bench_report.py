@@ -26,7 +26,7 @@ from mdv import bench
 from mdv.bench import (Benchmark, BenchConfig, E2EBench, MemoryBench, OracleBench, PairKind, TargetPassBench, TinyPair,
                        VerifierBench)
 from mdv.bench.report import BENCHMARKS, SECTIONS
-from mdv.bench import AuditBench, PairedBench, PassLimitBench
+from mdv.bench import AuditBench, HFCompareBench, PairedBench, PassLimitBench
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -52,7 +52,9 @@ def tiny_config() -> BenchConfig:
         paired=PairedBench(pair="tiny_random", datasets=["humaneval"], n_prompts=2, n_tokens=8, stride=4, K_max=2,
                            L_max=2),
         audit=AuditBench(cases="smoke", methods=["sd", "spectr"], instances=2000, repeats=2, detection_rules=["sd"],
-                         detection_cases=["smoke-rand-V3-K1-L1"], epsilon=0.05))
+                         detection_cases=["smoke-rand-V3-K1-L1"], epsilon=0.05),
+        hf_compare=HFCompareBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=3,
+                                  contenders=["hf_plain", "hf_prompt_lookup", "mdv_ar", "mdv_sd_ngram"]))
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +317,7 @@ def test_missing_benchmarks_and_skipped_plots_are_reported(records_dir, tmp_path
     assert "e2e_time_split.png: skipped (no e2e record)" in stdout
     assert list(out.glob("*.png")) == []
     md = (out / "bench_report.md").read_text()
-    assert "Missing benchmarks (no usable record): `verifier`, `target_pass`, `pass_limit`, `e2e`, `memory`, `paired`, `audit`." in md
+    assert "Missing benchmarks (no usable record): `verifier`, `target_pass`, `pass_limit`, `e2e`, `memory`, `paired`, `audit`, `hf_compare`." in md
     assert "## oracle" in md and "## e2e" not in md
 
 
@@ -397,6 +399,6 @@ def test_corrupt_files_among_good_ones_warn_and_go_on(records_dir, tmp_path) -> 
     for name in ("bench_e2e.json", "bench_oracle.json", "bench_memory.json", "empty"):
         assert sum(name in line for line in lines) == 1, name
     md = (out / "bench_report.md").read_text()
-    assert "Missing benchmarks (no usable record): `target_pass`, `pass_limit`, `e2e`, `oracle`, `memory`, `paired`, `audit`." in md
+    assert "Missing benchmarks (no usable record): `target_pass`, `pass_limit`, `e2e`, `oracle`, `memory`, `paired`, `audit`, `hf_compare`." in md
     assert "## Warnings" in md and "bench_e2e.json: not valid JSON" in md
     assert is_png(out / "verify_cost_vs_vocab.png")

@@ -4,7 +4,8 @@
     timing.py      interleaved repeats, spreads, ratios within a repeat
     records.py     the environment, printed tables, goals, ``bench_<name>.json``
     pairs.py       the model pairs and prompts the benchmarks run on
-    verifier.py target_pass.py pass_limit.py e2e.py oracle.py memory.py paired.py audit.py   one benchmark each
+    verifier.py target_pass.py pass_limit.py e2e.py hf_compare.py oracle.py memory.py paired.py audit.py
+                   one benchmark each
     runner.py      run(): the selected benchmarks in order
     report.py      the bench report (Markdown and plots) from the records
 
@@ -22,6 +23,8 @@ JSON-able record (``experiments/bench`` writes it to ``bench_<name>.json`` under
   / read bandwidth, n x FLOPs per token / GEMM peak), bandwidth and peak measured in the same run.
 * ``e2e``         -- AR and every method on a model pair over prompts from :mod:`mdv.data`: tokens/s,
   speedup over AR, block efficiency and the draft / target / verify time split.
+* ``hf_compare`` -- mdv against Hugging Face ``generate`` on the same pair, prompts and L: plain sampling,
+  assisted generation, prompt lookup and early exit against mdv's ar and sd with the matching drafter.
 * ``oracle``      -- exact enumeration and the LPs at their largest supported sizes (seconds each), and
   Monte-Carlo trials per second of every fast verifier (what the statistical tests run).
 * ``memory``      -- peak resident memory of a pair at large K, L, and growth (RSS, live tensors) over a
@@ -35,9 +38,10 @@ and reported as its median and range (min, max) over the repeats.  Every record 
 environment (CPU, threads, torch version, dtype, device, load average).  Speed is never asserted here:
 each goal of the issue is reported as met / missed next to the measured figure.
 """
-from mdv.bench.config import (AuditBench, BenchConfig, Benchmark, E2EBench, MemoryBench, OracleBench, PairKind,
+from mdv.bench.config import (AuditBench, BenchConfig, Benchmark, E2EBench, HFCompareBench, MemoryBench, OracleBench, PairKind,
                               PairedBench, PassLimitBench, TargetPassBench, TinyPair, VerifierBench, validate)
 from mdv.bench.e2e import interleaved_generations, run_e2e
+from mdv.bench.hf_compare import run_hf_compare
 from mdv.bench.memory import rss_trend, run_memory
 from mdv.bench.oracle import largest_size, run_oracle
 from mdv.bench.paired import run_paired_bench, run_paired_benchmark
@@ -51,10 +55,10 @@ from mdv.bench.timing import interleaved, rotated, spread, time_call
 from mdv.bench.verifier import decode_step_times, run_verifier, synthetic_block
 
 __all__ = [
-    "SCHEMA", "AuditBench", "Benchmark", "BenchConfig", "E2EBench", "MemoryBench", "OracleBench", "PairKind",
+    "SCHEMA", "AuditBench", "Benchmark", "BenchConfig", "E2EBench", "HFCompareBench", "MemoryBench", "OracleBench", "PairKind",
     "PairedBench", "PassLimitBench",
     "TargetPassBench", "TinyPair", "VerifierBench", "decode_step_times", "environment", "interleaved",
     "interleaved_generations", "largest_size", "load_pair", "load_target_model", "print_table", "prompt_ids",
-    "rotated", "rss_trend", "run", "run_audit_bench", "run_e2e", "run_memory", "run_oracle", "run_paired_bench", "run_paired_benchmark",
+    "rotated", "rss_trend", "run", "run_audit_bench", "run_e2e", "run_hf_compare", "run_memory", "run_oracle", "run_paired_bench", "run_paired_benchmark",
     "run_pass_limit", "run_target_pass", "run_verifier", "spread", "synthetic_block", "time_call", "validate", "write_json",
 ]

@@ -25,6 +25,7 @@ class Benchmark(str, enum.Enum):
     memory = "memory"
     paired = "paired"
     audit = "audit"
+    hf_compare = "hf_compare"
 
 
 class PairKind(str, enum.Enum):
@@ -157,6 +158,30 @@ class PassLimitBench:
     goal_prob_diff: float = 1e-6
 
 
+#: the contenders of ``hf_compare`` (mdv.bench.hf_compare)
+HF_COMPARE_CONTENDERS = ("hf_plain", "hf_assistant", "hf_prompt_lookup", "hf_early_exit", "mdv_ar", "mdv_sd_model",
+                         "mdv_sd_ngram", "mdv_sd_layerskip")
+
+
+@dataclass
+class HFCompareBench:
+    """``hf_compare``: mdv against Hugging Face ``generate`` with the same target, draft, prompts and L
+    (plain sampling, assisted generation, prompt lookup, early exit; mdv: ar and sd with the matching drafter),
+    interleaved per prompt; the first prompt is a warm-up."""
+
+    pair: PairKind = PairKind.default
+    datasets: list[str] = field(default_factory=lambda: ["gsm8k", "humaneval"])
+    n_prompts: int = 11
+    max_new_tokens: int = 64
+    temperature: float = 0.4
+    L: int = 4
+    #: prompt lookup's longest n-gram (HF max_matching_ngram_size; mdv ngram n_max) and the early-exit layer
+    ngram_size: int = 2
+    early_exit_depth: int = 8
+    contenders: list[str] = field(default_factory=lambda: list(HF_COMPARE_CONTENDERS))
+    seed: int = 0
+
+
 @dataclass
 class MemoryBench:
     """``memory``: ``n_prompts`` generations at (K, L) with ``method``; RSS and live tensors per prompt."""
@@ -226,10 +251,11 @@ class TinyPair:
 class BenchConfig:
     """Schema of ``mdv/conf/bench.yaml``."""
 
-    #: every benchmark but ``paired`` (a full paired run, ~10-20 min on 2 cores) and ``audit`` (~15 min):
-    #: ``benchmarks=[paired]`` / ``benchmarks=[audit]`` runs them
+    #: every benchmark but ``paired`` (a full paired run, ~10-20 min on 2 cores), ``audit`` (~15 min) and
+    #: ``hf_compare`` (~15 min): ``benchmarks=[paired]`` / ``[audit]`` / ``[hf_compare]`` runs them
     benchmarks: list[Benchmark] = field(
-        default_factory=lambda: [b for b in Benchmark if b not in (Benchmark.paired, Benchmark.audit)])
+        default_factory=lambda: [b for b in Benchmark
+                                 if b not in (Benchmark.paired, Benchmark.audit, Benchmark.hf_compare)])
     #: torch intra-op threads (the machine's cores by default in mdv/conf/bench.yaml).
     threads: int = 2
     #: weights dtype of the models (float32, bfloat16, float16, float64); verification is float64 always.
@@ -242,6 +268,7 @@ class BenchConfig:
     paired: PairedBench = field(default_factory=PairedBench)
     audit: AuditBench = field(default_factory=AuditBench)
     pass_limit: PassLimitBench = field(default_factory=PassLimitBench)
+    hf_compare: HFCompareBench = field(default_factory=HFCompareBench)
     tiny: TinyPair = field(default_factory=TinyPair)
 
 
@@ -304,6 +331,13 @@ def validate(cfg: BenchConfig) -> None:
                                 f" n={list(pl.n)}, threads={list(pl.threads)}")
     if pl.repeats < 1 or pl.bandwidth_megabytes < 1 or pl.gemm_size < 1:
         raise InvalidInputError("pass_limit.repeats, bandwidth_megabytes and gemm_size must be >= 1")
+    hc = cfg.hf_compare
+    for name in hc.contenders:
+        if name not in HF_COMPARE_CONTENDERS:
+            raise UnknownNameError(f"hf_compare.contenders: {unknown_name('contender', name, list(HF_COMPARE_CONTENDERS))}")
+    if hc.n_prompts < 2 or hc.max_new_tokens < 1 or hc.L < 1 or hc.ngram_size < 1 or hc.early_exit_depth < 1:
+        raise InvalidInputError("hf_compare: n_prompts must be >= 2 (the first warms up); max_new_tokens, L, ngram_size"
+                                " and early_exit_depth >= 1")
     for k in cfg.oracle.lp_kinds:
         if k not in ("valid", "greedy"):
             raise UnknownNameError(f"oracle.lp_kinds: {unknown_name('LP kind', k, ['valid', 'greedy'])}")

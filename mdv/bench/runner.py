@@ -11,6 +11,7 @@ import torch
 from mdv.bench.audit import run_audit_bench
 from mdv.bench.config import BenchConfig, Benchmark, PairKind, validate
 from mdv.bench.e2e import run_e2e
+from mdv.bench.hf_compare import run_hf_compare
 from mdv.bench.memory import run_memory
 from mdv.bench.oracle import run_oracle
 from mdv.bench.paired import run_paired_benchmark
@@ -45,6 +46,8 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
             rec = run_oracle(cfg.oracle)
         elif name == "audit":
             rec = run_audit_bench(cfg.audit)
+        elif name == "hf_compare":
+            rec = run_hf_compare(cfg.hf_compare, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "pass_limit":
             rec = run_pass_limit(cfg.pass_limit, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "paired":

@@ -188,6 +188,14 @@ def _validate_results(name: str, res: Any) -> None:
             _spread_ok(r.get("instances_per_second"), f"results.throughput[{i}].instances_per_second")
         for i, r in enumerate(_rows(res.get("detection"), "results.detection")):
             _num_or_none(r, "seconds", f"results.detection[{i}]")
+    elif name == "hf_compare":
+        for i, r in enumerate(_rows(res, "results")):
+            w = f"results[{i}]"
+            _check(isinstance(r.get("contender"), str), f"{w}: 'contender' must be a string")
+            for k in ("tokens_per_second", "speed_vs_hf_plain"):
+                _spread_ok(r.get(k), f"{w}.{k}")
+            if "speed_vs_hf_same_drafter" in r:
+                _spread_ok(r["speed_vs_hf_same_drafter"], f"{w}.speed_vs_hf_same_drafter")
     elif name == "pass_limit":
         _check(isinstance(res, dict), "results must be an object {per_threads, weight_bytes, ...}")
         for k in ("weight_bytes", "flops_per_token", "max_abs_prob_diff_cached_vs_full"):

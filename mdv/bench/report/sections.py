@@ -258,6 +258,20 @@ def section_audit(rec: Record) -> list[str]:
     return lines
 
 
+def section_hf_compare(rec: Record) -> list[str]:
+    summ, cfg = rec.summary, rec.config
+    lines = ["## hf_compare: mdv against Hugging Face generate", "",
+             f"{summ.get('target') or 'target'} + {summ.get('draft') or 'draft'}; prompts: {summ.get('prompts', '?')};"
+             f" {summ.get('n_prompts', '?')} prompt(s), the first a warm-up, {cfg.get('max_new_tokens', '?')} tokens each,"
+             f" T = {fmt(cfg.get('temperature'))}, L = {cfg.get('L', '?')}. Each generation is one whole call (prefill"
+             " included); speed = the other contender's seconds ÷ this one's per prompt, median [min, max].", ""]
+    lines += md_table(["contender", "tokens/s", "speed vs hf_plain", "speed vs HF with the same drafter"],
+                      [[r["contender"], rng(r["tokens_per_second"]), rng(r["speed_vs_hf_plain"]),
+                        rng(r["speed_vs_hf_same_drafter"]) if "speed_vs_hf_same_drafter" in r else "-"]
+                       for r in rec.results])
+    return lines
+
+
 def section_pass_limit(rec: Record) -> list[str]:
     res = rec.results
     lines = ["## pass_limit: the target pass against its physical limit", "",
@@ -278,4 +292,5 @@ def section_pass_limit(rec: Record) -> list[str]:
 
 SECTIONS: dict[str, Callable[..., list[str]]] = {
     "verifier": section_verifier, "target_pass": section_target_pass, "e2e": section_e2e, "oracle": section_oracle,
-    "memory": section_memory, "paired": section_paired, "audit": section_audit, "pass_limit": section_pass_limit}
+    "memory": section_memory, "paired": section_paired, "audit": section_audit, "pass_limit": section_pass_limit,
+    "hf_compare": section_hf_compare}
