@@ -10,7 +10,7 @@ import pkgutil
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
-from mdv.errors import InvalidInputError
+from mdv.errors import InvalidInputError, unknown_name
 
 log = logging.getLogger("mdv.registry")
 
@@ -105,6 +105,18 @@ def register_plugins(group: str, kind: str, register: Callable[[type], Any]) -> 
         except Exception as e:  # a broken plug-in is reported, never fatal
             log.warning("mdv %s plug-in %r (%s) skipped: %s: %s", kind.lower(), ep.name, ep.value, type(e).__name__,
                         str(e).splitlines()[0] if str(e) else "")
+
+
+def instantiate(registry: dict[str, Any], name: Any, options: dict[str, Any], *, kind: str,
+                name_kind: str | None = None) -> Any:
+    """A fresh ``registry[name](**options)``: an unknown name lists the choices (as ``name_kind``, e.g.
+    "method"), an unknown option lists the class's options."""
+    try:
+        cls = registry[name]
+    except (KeyError, TypeError):
+        raise unknown_name(name_kind or kind, name, list(registry)) from None
+    check_options(kind, name, cls, options)
+    return cls(**options)
 
 
 def check_options(kind: str, name: str, cls: type, options: dict[str, Any]) -> None:

@@ -121,6 +121,19 @@ def pair_for(name: str, cfg: Any, pair: tuple[Any, Any, Any] | None, tiny: TinyP
     return load_pair(device, cfg.pair, tiny, dtype)
 
 
+def target_for(name: str, cfg: Any, target: Any, tiny: TinyPair | None, device: torch.device,
+               dtype: str) -> Any:
+    """The target benchmark ``name`` runs on: ``target`` when given, else ``cfg.pair``'s target loaded on
+    ``device``; the benchmark's skipped record (a dict) when the default target's file is absent."""
+    if target is not None:
+        return target
+    if PairKind(cfg.pair) == PairKind.default:
+        ok, why = default_target_available()
+        if not ok:
+            return skipped_record(name, cfg, f"default target unavailable: {why}")
+    return load_target_model(device, cfg.pair, tiny, dtype)
+
+
 def prompt_ids(tokenizer: Any, datasets: Sequence[str], n: int, seed: int = 0) -> tuple[list[list[int]], str]:
     """``n`` prompts as token ids, cycling over ``datasets`` (mdv.data), or the fixed list when none is
     given or mdv.data cannot load one.  -> (ids, a label saying where they came from)."""

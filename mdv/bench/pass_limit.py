@@ -20,9 +20,9 @@ from typing import Any, Optional
 
 import torch
 
-from mdv.bench.config import PairKind, PassLimitBench, TinyPair
-from mdv.bench.pairs import default_target_available, load_target_model, torch_device
-from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text, skipped_record
+from mdv.bench.config import PassLimitBench, TinyPair
+from mdv.bench.pairs import target_for, torch_device
+from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import spread, sync_for, time_call
 
 
@@ -56,12 +56,9 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
     """The ``pass_limit`` benchmark (module docstring)."""
     t_start = time.perf_counter()
     dev = torch_device(device)
-    if target is None:
-        if PairKind(cfg.pair) == PairKind.default:
-            ok, why = default_target_available()
-            if not ok:
-                return skipped_record("pass_limit", cfg, f"default target unavailable: {why}")
-        target = load_target_model(dev, cfg.pair, tiny, dtype)
+    target = target_for("pass_limit", cfg, target, tiny, dev, dtype)
+    if isinstance(target, dict):  # the default target's file is absent: the skipped record
+        return target
     sync = sync_for(dev)
     weights = linear_weights(target.model)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)

@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from mdv.models.tree import build_tree
-from mdv.bench.config import PairKind, TargetPassBench, TinyPair
-from mdv.bench.pairs import default_target_available, load_target_model, torch_device
-from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text, skipped_record
+from mdv.bench.config import TargetPassBench, TinyPair
+from mdv.bench.pairs import target_for, torch_device
+from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import interleaved, ratios_of, spread, sync_for
 
 
@@ -22,12 +22,9 @@ def run_target_pass(cfg: TargetPassBench, target: Any = None, tiny: TinyPair | N
     """The ``target_pass`` benchmark (K drafts vs one draft on the target)."""
     t_start = time.perf_counter()
     dev = torch_device(device)
-    if target is None:
-        if PairKind(cfg.pair) == PairKind.default:
-            ok, why = default_target_available()
-            if not ok:
-                return skipped_record("target_pass", cfg, f"default target unavailable: {why}")
-        target = load_target_model(dev, cfg.pair, tiny, dtype)
+    target = target_for("target_pass", cfg, target, tiny, dev, dtype)
+    if isinstance(target, dict):  # the default target's file is absent: the skipped record
+        return target
     sync = sync_for(dev)
     K, L, n0 = cfg.K, cfg.L, cfg.context
     gen = torch.Generator().manual_seed(cfg.seed)

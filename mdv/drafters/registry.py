@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from mdv._registry import Registry, add_class, check_options
+from mdv._registry import Registry, add_class, instantiate
 from mdv.drafters.base import Drafter
-from mdv.errors import InvalidInputError, unknown_name
+from mdv.errors import InvalidInputError
 
 #: The entry-point group third-party drafters register under.
 ENTRY_POINT_GROUP = "mdv.drafters"
@@ -39,12 +39,7 @@ def get_drafter(name: Any, **options: Any) -> Drafter:
             raise InvalidInputError(f"drafter options {sorted(options)} given with a drafter instance {name!r};"
                                     " set them on the instance")
         return name
-    try:
-        cls = DRAFTERS[name]
-    except (KeyError, TypeError):
-        raise unknown_name("drafter", name, list(DRAFTERS)) from None
-    check_options("drafter", name, cls, options)
-    return cls(**options)
+    return instantiate(DRAFTERS, name, options, kind="drafter")
 
 
 def _register_builtins() -> None:

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from mdv._registry import Registry, add_class, check_options
-from mdv.errors import unknown_name
+from mdv._registry import Registry, add_class, instantiate
 from mdv.verify.base import Verifier
 
 #: The entry-point group third-party verifiers register under.
@@ -43,12 +42,7 @@ def register_verifier(cls: V) -> V:
 def get_verifier(name: str, **options: Any) -> Verifier:
     """A fresh verifier instance by registry name (``bv``, ``gbv``, ``mdbv``, ``sd``, ``spectr``,
     ``spectr_gbv`` and any plug-in)."""
-    try:
-        cls = VERIFIERS[name]
-    except (KeyError, TypeError):
-        raise unknown_name("method", name, list(VERIFIERS)) from None
-    check_options("verifier", name, cls, options)
-    return cls(**options)
+    return instantiate(VERIFIERS, name, options, kind="verifier", name_kind="method")
 
 
 def _register_builtins() -> None:
