@@ -287,7 +287,50 @@ def test_report_from_tiny_run(tmp_path: Path) -> None:
     assert all(float(r["lo"]) <= float(r["be"]) <= float(r["hi"]) for r in rows if r["lo"])
 
 
+def test_the_paired_measurement_takes_a_drafter(tmp_path: Path) -> None:
+    """``paired.drafter=ngram`` next to the model drafter in one folder: its own records (the model's keep
+    their ids), drafts that are ngram's, its own setting in the report, and no speedup prediction for it."""
+    from mdv.paired.report import analyze_results
+
+    model_cfg = tiny_run_config(tmp_path)
+    ngram_cfg = tiny_run_config(tmp_path, drafter="ngram", drafter_options={"n_max": 2})
+    run_paired(model_cfg)
+    model_ids = sorted(p.name for p in paired_dir(model_cfg.results_dir).glob("*.json"))
+    rep = run_paired(ngram_cfg)
+    assert len(rep.ok) == 2 and not rep.failed
+    recs = load_records(ngram_cfg.results_dir)
+    assert len(recs) == 4 and sorted(r["config"].get("drafter", "model") for r in recs) == ["model"] * 2 + ["ngram"] * 2
+    assert set(model_ids) <= {p.name for p in paired_dir(ngram_cfg.results_dir).glob("*.json")}
+    from mdv.drafters.ngram import NgramDrafter
+    from mdv.sweep import load_models
+
+    models = load_models(ngram_cfg.models)
+    lookup = NgramDrafter(n_max=2)
+    lookup.bind(models.target, None)
+    for r in (r for r in recs if r["config"].get("drafter") == "ngram"):
+        prompt = _prompt(ngram_cfg, models, r["prompt_index"])
+        for ctx in r["contexts"]:
+            seq = prompt + r["trajectory"]["tokens"][:ctx["offset"]]
+            for row in ctx["drafts"]:  # each drafted token is in the support of the lookup law at its place
+                for i, tok in enumerate(row):
+                    assert lookup.reference_law(seq + row[:i], SamplingConfig(0.4))[tok] > 0
+    out = analyze_results(ngram_cfg.results_dir, tmp_path / "out", warn=lambda s: None)
+    md = (tmp_path / "out" / "paired_report.md").read_text()
+    assert "## Setting 1: models tiny, T = 0.4" in md and "## Setting 2: models tiny, drafter ngram, T = 0.4" in md
+    assert "No prediction: the cost model times the pair's draft model, not the ngram drafter." in md
+    assert out["paired"] is not None
+
+
 # ------------------------------------------------------------------------------------------ bad input
+def test_a_drafter_other_than_the_model_refuses_the_cost_model() -> None:
+    with pytest.raises(InvalidInputError, match=r"paired.drafter=ngram: the cost model and the speed check time"
+                                                r" the pair's draft model.*paired.calibrate=false"):
+        validate_paired(PairedConfig(drafter="ngram", calibrate=True))
+    with pytest.raises(MdvError, match=r"unknown drafter 'eagle'"):
+        validate_paired(PairedConfig(drafter="eagle", calibrate=False))
+    validate_paired(PairedConfig(drafter="ngram", calibrate=False))  # block efficiencies and verdicts only: fine
+
+
 @pytest.mark.parametrize("field,value,needle", [
     ("K_max", 0, "paired.K_max"), ("L_max", 0, "paired.L_max"), ("stride", 0, "paired.stride"),
     ("delta", 0.0, "paired.delta"), ("delta", -1.0, "paired.delta"), ("methods", ["sd", "nope"], "nope"),

@@ -70,6 +70,10 @@ class Drafter(ABC):
     def commit(self, sel: int, tau: int) -> None:
         """The verifier kept row ``sel`` of the last proposal and accepted its first ``tau`` tokens."""
 
+    def rewind(self, length: int) -> None:
+        """Forget the last proposal and everything processed past the first ``length`` tokens of the
+        sequence (the paired measurement draws again at the same context)."""
+
     @abstractmethod
     def reference_law(self, context: Sequence[int], sampling: SamplingConfig) -> Tensor:
         """The law [V] float64 of the next drafted token after ``context`` (committed sequence plus the

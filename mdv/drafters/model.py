@@ -111,6 +111,11 @@ class ModelDrafter(Drafter):
         self.session.keep(sel)
         self.session.crop(self._n + min(tau, self._L - 1))
 
+    def rewind(self, length: int) -> None:
+        assert self.session is not None
+        self.session.keep(0)
+        self.session.crop(length)
+
     def reference_law(self, context: Sequence[int], sampling: SamplingConfig) -> Tensor:
         """A full forward pass over ``context`` (``next_logprobs``, no cache), under the transform."""
         return sampling.probs(torch.as_tensor(self.model.next_logprobs([list(context)]))[0])

@@ -128,7 +128,7 @@ def _nan(x: Any) -> float:
 def setting_key(record: dict[str, Any]) -> tuple:
     c = record["config"]
     return (c["models"], float(c["temperature"]), c.get("top_k"), c.get("top_p"), int(c["K_max"]),
-            int(c["L_max"]), tuple(c["methods"]), int(c.get("optimum_draws", 0)))
+            int(c["L_max"]), tuple(c["methods"]), int(c.get("optimum_draws", 0)), str(c.get("drafter") or "model"))
 
 
 def collect(records: Sequence[dict[str, Any]]) -> list[PairedData]:
@@ -138,7 +138,7 @@ def collect(records: Sequence[dict[str, Any]]) -> list[PairedData]:
         groups.setdefault(setting_key(r), []).append(r)
     out = []
     for key, recs in groups.items():
-        models, T, top_k, top_p, K_max, L_max, methods, optimum_draws = key
+        models, T, top_k, top_p, K_max, L_max, methods, optimum_draws, drafter = key
         datasets, keys, clusters, alpha, nodes = [], [], [], [], []
         etau: dict[str, list] = {m: [] for m in methods}
         reach: dict[str, list] = {m: [] for m in methods}
@@ -167,7 +167,7 @@ def collect(records: Sequence[dict[str, Any]]) -> list[PairedData]:
                     timing[k] = timing.get(k, 0.0) + float(v)
             timing["wall_s"] = timing.get("wall_s", 0.0) + float(r.get("wall_seconds", 0.0))
         out.append(PairedData(
-            setting={"models": models, "temperature": T, "top_k": top_k, "top_p": top_p},
+            setting={"models": models, "temperature": T, "top_k": top_k, "top_p": top_p, "drafter": drafter},
             methods=list(methods), K_max=K_max, L_max=L_max, datasets=np.array(datasets), clusters=np.array(clusters),
             etau={m: np.array(v, dtype=np.float64) for m, v in etau.items()},
             reach={m: np.array(v, dtype=np.float64) for m, v in reach.items()},
@@ -493,7 +493,8 @@ def measured_speedups(cells: Sequence[Any], setting: dict[str, Any], opts: Optio
 def check_matches(check: dict[str, Any], setting: dict[str, Any]) -> bool:
     """Whether a speed check (:mod:`mdv.paired.speedcheck`) ran at this paired setting (models, T, top-k/p)."""
     s = check.get("settings", {})
-    return (str(s.get("models")) == str(setting["models"])
+    return (setting.get("drafter", "model") == "model"  # the speed check generates with the draft model
+            and str(s.get("models")) == str(setting["models"])
             and abs(float(s.get("temperature", float("nan"))) - float(setting["temperature"])) <= 1e-9
             and s.get("top_k") == setting.get("top_k") and s.get("top_p") == setting.get("top_p"))
 

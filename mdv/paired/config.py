@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 from mdv.errors import InvalidInputError
 
 
@@ -54,7 +54,9 @@ class PairedConfig:
     per-record locks share the work).  The sweep's timed cells and the calibration run before, alone.
     calibration: a calibration file to use instead of calibrating (refused when it was made on another
     machine or for other models).  speed_check: the real generations that check the predicted speedups
-    (:class:`SpeedCheckConfig`).
+    (:class:`SpeedCheckConfig`).  drafter, drafter_options: who proposes the drafts (:mod:`mdv.drafters`;
+    the cost model and the speed check time the pair's draft model, so another drafter needs
+    ``calibrate=false`` and ``speed_check.enabled=false``).
     """
 
     enabled: bool = False
@@ -77,6 +79,8 @@ class PairedConfig:
     calibration: Optional[str] = None
     workers: int = 1
     speed_check: SpeedCheckConfig = field(default_factory=SpeedCheckConfig)
+    drafter: str = "model"
+    drafter_options: dict[str, Any] = field(default_factory=dict)
 
 
 def _pos_int(name: str, value: object) -> None:
@@ -117,6 +121,14 @@ def validate_paired(cfg: PairedConfig) -> None:
     for m in cfg.methods:
         if m not in VERIFIERS:
             raise unknown_name("paired.methods entry", m, list(VERIFIERS))
+    from mdv.drafters.registry import get_drafter
+
+    get_drafter(cfg.drafter, **dict(cfg.drafter_options or {}))  # an unknown name or option: one line, now
+    if cfg.drafter != "model" and (cfg.calibrate or cfg.calibration is not None or cfg.speed_check.enabled):
+        raise InvalidInputError(
+            f"paired.drafter={cfg.drafter}: the cost model and the speed check time the pair's draft model, not this"
+            " drafter, so the speedups they predict would be wrong; set paired.calibrate=false, paired.calibration=null"
+            " and paired.speed_check.enabled=false (the block efficiencies and verdicts need neither)")
     check = cfg.speed_check
     if check.enabled:
         _pos_int("speed_check.n_prompts", check.n_prompts)

@@ -85,24 +85,27 @@ class ContextProbe:
     to ``seq``; calling it again with the same ``seq`` draws fresh drafts at the same context.
     """
 
-    def __init__(self, target: Any, draft: Any, prompt_ids: Sequence[int], sampling: Any, *, seed: int):
+    def __init__(self, target: Any, draft: Any, prompt_ids: Sequence[int], sampling: Any, *, seed: int,
+                 drafter: Any = "model", drafter_options: dict[str, Any] | None = None):
+        from mdv.drafters.registry import get_drafter
         from mdv.models.session import open_session, tree_capable
 
         self.sampling = sampling
+        self.drafter = get_drafter(drafter, **(drafter_options or {}))
+        self.drafter.bind(target, draft)
         with torch.inference_mode():
-            self.tgt, self.drf = open_session(target), open_session(draft)
+            self.tgt = open_session(target)
             self.use_tree = tree_capable(self.tgt)
             self.generator = torch.Generator(device=self.tgt.device)
             self.generator.manual_seed(int(seed))
             t0 = time.perf_counter()
             self.tgt.prefill(list(prompt_ids)[:-1])
-            self.drf.prefill(list(prompt_ids)[:-1])
+            self.drafter.prefill(list(prompt_ids))
             self.prefill_s = time.perf_counter() - t0
 
     @torch.inference_mode()
     def measure(self, seq: Sequence[int], K_max: int, L_max: int, methods: Sequence[str],
                 timing: PromptTiming | None = None, optimum_draws: int = 0) -> ContextMeasurement:
-        from mdv.drafters.model import draft_blocks
         from mdv.engine import score_drafts
         from mdv.models.tree import build_tree
         from mdv.oracle.membership import membership_ot_sorted_upto
@@ -111,11 +114,12 @@ class ContextProbe:
         from mdv.verify.base import Block
 
         seq = list(seq)
-        if len(seq) <= max(self.tgt.length, self.drf.length):
+        if len(seq) <= self.tgt.length:
             raise InvalidInputError("ContextProbe.measure: each context must extend the previous one")
         timing = timing if timing is not None else PromptTiming()
         t0 = time.perf_counter()
-        tokens, q = draft_blocks(self.drf, seq, K_max, L_max, self.sampling, self.generator)  # [K, L], [K, L, V]
+        proposal = self.drafter.propose(seq, K_max, L_max, self.sampling, self.generator)
+        tokens, q = proposal.tokens, proposal.q  # [K, L], [K, L, V]
         t1 = time.perf_counter()
         tree = build_tree(seq[self.tgt.length:], tokens.cpu()) if self.use_tree else None
         p = score_drafts(self.tgt, seq, tokens, self.sampling, tree)  # [K, L+1, V]
@@ -144,8 +148,7 @@ class ContextProbe:
         else:
             self.tgt.keep(0)
         self.tgt.crop(len(seq) - 1)
-        self.drf.keep(0)
-        self.drf.crop(len(seq) - 1)
+        self.drafter.rewind(len(seq) - 1)
         return ContextMeasurement(block, conds, tree_nodes(tokens.cpu()), alpha, first)
 
 
@@ -164,7 +167,8 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
     K_max, L_max = cfg.K_max, cfg.L_max
     sampling = SamplingConfig(temperature, top_k, top_p)
     timing = PromptTiming(laws_s={m: 0.0 for m in cfg.methods})
-    probe = ContextProbe(target, draft, prompt_ids, sampling, seed=int(seed) + DRAFT_SEED_OFFSET)
+    probe = ContextProbe(target, draft, prompt_ids, sampling, seed=int(seed) + DRAFT_SEED_OFFSET,
+                         drafter=cfg.drafter, drafter_options=dict(cfg.drafter_options or {}))
     timing.prefill_s = probe.prefill_s
     traj = TreeTrajectory(probe.tgt, prompt_ids, sampling, seed=seed, max_new_tokens=cfg.n_tokens,
                           eos=_eos_set(None, target), ctx=max_context(target))

@@ -15,10 +15,14 @@ SCHEMA = "mdv.paired/2"  # /2: reach at every (K, L), not only L = L_max
 
 def record_config(cfg: PairedConfig, *, dataset: str, temperature: float, top_k: Optional[int],
                   top_p: Optional[float], seed: int, models: str) -> dict[str, Any]:
-    """What determines a record's numbers (its id hashes it)."""
-    return {"dataset": dataset, "K_max": cfg.K_max, "L_max": cfg.L_max, "stride": cfg.stride,
-            "n_tokens": cfg.n_tokens, "methods": list(cfg.methods), "optimum_draws": cfg.optimum_draws,
-            "temperature": float(temperature), "top_k": top_k, "top_p": top_p, "seed": int(seed), "models": models}
+    """What determines a record's numbers (its id hashes it).  The default drafter adds no key, so records
+    written before drafters existed keep their ids."""
+    out = {"dataset": dataset, "K_max": cfg.K_max, "L_max": cfg.L_max, "stride": cfg.stride,
+           "n_tokens": cfg.n_tokens, "methods": list(cfg.methods), "optimum_draws": cfg.optimum_draws,
+           "temperature": float(temperature), "top_k": top_k, "top_p": top_p, "seed": int(seed), "models": models}
+    if cfg.drafter != "model":
+        out.update({"drafter": cfg.drafter, "drafter_options": dict(cfg.drafter_options or {})})
+    return out
 
 
 def record_id(config: dict[str, Any], prompt_index: int) -> str:

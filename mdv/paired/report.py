@@ -354,8 +354,9 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
         for c in claims:
             verdict_all += [{**r, "setting": gi} for r in c.to_rows()]
         gap_all += [{**g, "setting": gi} for g in gaps]
-        title = (f"models {data.setting['models']}, T = {data.setting['temperature']:g}, K ≤ {data.K_max},"
-                 f" L ≤ {data.L_max}")
+        drafter = data.setting.get("drafter", "model")
+        title = (f"models {data.setting['models']}" + (f", drafter {drafter}" if drafter != "model" else "")
+                 + f", T = {data.setting['temperature']:g}, K ≤ {data.K_max}, L ≤ {data.L_max}")
         md += [f"## Setting {gi}: {title}", "",
                f"{data.n_records} prompts, {data.n} contexts ({', '.join(data.dataset_names())}); target {data.models.get('target')},"
                f" draft {data.models.get('draft')}.", ""]
@@ -391,11 +392,14 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
         # speedups: calibrated prediction, profiles, check against real generations
         md += ["", "### Speedup over AR, predicted", ""]
         costs: list[tuple[str, Any]] = []
-        if calibration is not None:
-            costs.append(("calibrated (this machine)", calibration))
-        costs += [(f"profile {p.name}", p) for p in profiles]
-        if not costs:
-            md.append("No calibration and no cost profile: no prediction.")
+        if drafter != "model":  # the cost model and the profiles price the pair's draft model, not this drafter
+            md.append(f"No prediction: the cost model times the pair's draft model, not the {drafter} drafter.")
+        else:
+            if calibration is not None:
+                costs.append(("calibrated (this machine)", calibration))
+            costs += [(f"profile {p.name}", p) for p in profiles]
+            if not costs:
+                md.append("No calibration and no cost profile: no prediction.")
         for cname, cost in costs:
             try:
                 pred = A.predicted_speedups(data, cost, opts, Ls=[L_ for L_ in SHOWN_L if L_ <= data.L_max])
