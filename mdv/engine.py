@@ -304,9 +304,12 @@ def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, pr
         # 1. draft: K i.i.d. blocks with their exact law (the model drafter: pending tokens in one row,
         #    fork K, L sequential steps over K rows)
         with watch.phase("draft"):
-            proposal = drf.propose(seq, K, L, sampling, generator)
-            tokens, q = proposal.tokens, proposal.q  # [K, L], [K, L, V]
+            # blocks of 1..L tokens, except for verifiers whose state carries a window over the next L positions
+            proposal = drf.propose(seq, K, L, sampling, generator, shorter_ok=not verifier.stateful)
+            tokens, q = proposal.tokens, proposal.q  # [K, L'], [K, L', V], 1 <= L' <= L
             stats.draft_calls += proposal.calls
+            if tokens.shape[1] < L:  # the acceptance rates per K·L and per position still count L
+                stats.extra["short_blocks"] = stats.extra.get("short_blocks", 0) + 1
         # 2. target: one pass over [pending, D_k] for all k (a token tree in one row, or K rows)
         with watch.phase("target"):
             tree = build_tree(seq[tgt.length:], tokens.cpu()) if use_tree else None

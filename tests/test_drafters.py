@@ -212,6 +212,27 @@ def test_ngram_empirical_law_and_K_above_the_distinct_continuations() -> None:
         torch.testing.assert_close(d.q[k, 1], drf.reference_law(seq + [first], SamplingConfig(1.0)), rtol=0, atol=0)
 
 
+def test_ngram_shortens_a_block_only_where_the_context_has_no_match_and_only_when_allowed() -> None:
+    drf = bound_ngram(n_max=2)
+    gen = torch.Generator().manual_seed(0)
+    miss, hit = [1, 2, 3, 4], [1, 2, 3, 1]  # "4" never seen before; "1" was followed by 2
+    for seq, shorter_ok, length in ((miss, True, 1), (miss, False, 3), (hit, True, 3), (hit, False, 3)):
+        drf.prefill(seq)
+        d = drf.propose(seq, 2, 3, SamplingConfig(1.0), gen, shorter_ok=shorter_ok)
+        assert d.tokens.shape == (2, length) and d.q.shape == (2, length, 10), (seq, shorter_ok)
+    off = bound_ngram(n_max=2, shorten_on_miss=False)
+    off.prefill(miss)
+    assert off.propose(miss, 2, 3, SamplingConfig(1.0), gen, shorter_ok=True).tokens.shape == (2, 3)
+
+
+def test_the_engine_takes_shortened_blocks_and_counts_them(target3) -> None:
+    ref = greedy_reference(target3, [1, 2, 3, 4, 5, 6, 7], 12)  # no repeats: the first contexts miss
+    res = generate(target3, None, [1, 2, 3, 4, 5, 6, 7], "sd", L=3, temperature=0.0, max_new_tokens=12,
+                   eos_token_id=[], drafter="ngram")
+    assert res.tokens == ref and res.stats["short_blocks"] >= 1
+    assert all(0 <= t <= 3 for t in res.stats["accepted_lengths"])
+
+
 def test_ngram_index_equals_the_full_scan_on_random_sequences() -> None:
     rng = random.Random(3)
     for _ in range(200):

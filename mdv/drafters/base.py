@@ -64,8 +64,13 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, seq: Sequence[int], K: int, L: int, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft:
-        """K i.i.d. blocks of L tokens after the committed sequence ``seq``, drawn with ``generator``."""
+                generator: torch.Generator, shorter_ok: bool = False) -> Draft:
+        """K i.i.d. blocks of L tokens after the committed sequence ``seq``, drawn with ``generator``.
+
+        shorter_ok: the caller takes blocks of any length 1..L (the engine does, for every verifier without
+        a state over iterations: ``gbv`` and ``mdbv`` carry a target adjustment whose window spans L); a drafter may then
+        choose a shorter length, *from the context alone* (before drawing), so that the K blocks stay
+        i.i.d. of one length and every verifier's guarantee holds.  The paired measurement needs L."""
 
     def commit(self, sel: int, tau: int) -> None:
         """The verifier kept row ``sel`` of the last proposal and accepted its first ``tau`` tokens."""

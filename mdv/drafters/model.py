@@ -100,7 +100,7 @@ class ModelDrafter(Drafter):
         self.session.prefill(list(prompt)[:-1])
 
     def propose(self, seq: Sequence[int], K: int, L: int, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft:
+                generator: torch.Generator, shorter_ok: bool = False) -> Draft:
         assert self.session is not None, "prefill() starts a sequence before propose()"
         tokens, q = draft_blocks(self.session, seq, K, L, sampling, generator)  # [K, L], [K, L, V]
         self._n, self._L = len(seq), L

@@ -12,8 +12,11 @@ The first n with ``J_n`` non-empty gives the empirical law of the tokens that fo
 
 Occurrences may overlap the suffix (``a a a`` after ``a a``); the suffix itself is never one (it has no
 following token).  With no match at any n, the fallback rule is ``"unigram"``: the empirical law of
-all tokens of c (always defined, so a block never shrinks; a rejected guess still yields the target's
-correction token, one token per target pass as autoregressive decoding would).  The sampling transform is not
+all tokens of c (always defined; a rejected guess still yields the target's correction token, one token
+per target pass as autoregressive decoding would).  ``shorten_on_miss``: where the committed context
+itself has no match, the engine gets a block of one token instead of L (decided from the context
+before any draw, so the K blocks stay i.i.d. of one length): a wrong guess then costs a 2-token target
+pass, not an (L + 1)-token one (Hugging Face's prompt lookup proposes nothing there).  The sampling transform is not
 applied to q: verification needs only that q is the exact law the tokens are drawn from.  The K blocks
 are i.i.d. draws of this law, position by position, each row conditioning on its own drafted prefix.
 
@@ -53,7 +56,7 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
 
-    def __init__(self, n_max: int = 3, n_min: int = 1, fallback: str = "unigram") -> None:
+    def __init__(self, n_max: int = 3, n_min: int = 1, fallback: str = "unigram", shorten_on_miss: bool = True) -> None:
         for label, v in (("n_max", n_max), ("n_min", n_min)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"ngram drafter: {label} must be an integer >= 1; got {v!r}")
@@ -61,12 +64,15 @@ class NgramDrafter(Drafter):
             raise InvalidInputError(f"ngram drafter: n_min={n_min} > n_max={n_max}; choose 1 <= n_min <= n_max")
         if fallback not in FALLBACKS:
             raise InvalidInputError(f"ngram drafter: fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}")
-        self.n_max, self.n_min, self.fallback = n_max, n_min, fallback
+        if not isinstance(shorten_on_miss, bool):
+            raise InvalidInputError(f"ngram drafter: shorten_on_miss must be true or false; got {shorten_on_miss!r}")
+        self.n_max, self.n_min, self.fallback, self.shorten_on_miss = n_max, n_min, fallback, shorten_on_miss
         self.V = 0
         self._reset()
 
     def options(self) -> dict[str, Any]:
-        return {"n_max": self.n_max, "n_min": self.n_min, "fallback": self.fallback}
+        return {"n_max": self.n_max, "n_min": self.n_min, "fallback": self.fallback,
+                "shorten_on_miss": self.shorten_on_miss}
 
     def bind(self, target: Any, draft: Any) -> int:
         self.V = check_model("target", target)
@@ -112,8 +118,10 @@ class NgramDrafter(Drafter):
         return None
 
     def propose(self, seq: Sequence[int], K: int, L: int, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft:
+                generator: torch.Generator, shorter_ok: bool = False) -> Draft:
         self._sync(seq)
+        if shorter_ok and self.shorten_on_miss and self._fast_law([]) is None:
+            L = 1  # no earlier occurrence of the context's suffix: one guess, not a block of L (module doc)
         rows: list[list[int]] = [[] for _ in range(K)]
         qs = torch.empty(K, L, self.V, dtype=torch.float64)
         for i in range(L):
