@@ -129,7 +129,7 @@ def check_options(kind: str, name: str, cls: type, options: dict[str, Any]) -> N
             + (", ".join(accepted) if accepted else "none"))
 
 
-def add_class(registry: dict[str, Any], cls: Any, base: type, *, reserved: dict[str, str] | None = None) -> None:
+def add_class(registry: Registry, cls: Any, base: type, *, reserved: dict[str, str] | None = None) -> None:
     """Add the ``base`` subclass ``cls`` to ``registry`` under ``cls.name``: an identifier, not one of
     ``reserved`` (name -> why), not taken by another class (the same class again is a no-op)."""
     kind = base.__name__.lower()
@@ -143,7 +143,7 @@ def add_class(registry: dict[str, Any], cls: Any, base: type, *, reserved: dict[
             f" configs); got {name!r}")
     if reserved and name in reserved:
         raise InvalidInputError(f"register_{kind}: {cls.__qualname__}.name {name!r} is {reserved[name]}")
-    old = registry.peek(name) if isinstance(registry, Registry) else registry.get(name)
+    old = registry.peek(name)  # not registry.get: a registration must not load the plug-ins
     if old is not None and old is not cls:
         raise InvalidInputError(
             f"register_{kind}: the name {name!r} of {cls.__module__}.{cls.__qualname__} is already taken by"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mdv.drafters.base import method_label
 from mdv.errors import InvalidInputError
 
 
@@ -83,7 +84,7 @@ class Cell:
     @property
     def label(self) -> str:
         """The row label: the method, with its drafter where that is not the draft model (``sd+ngram``)."""
-        return self.method if self.drafter == "model" else f"{self.method}+{self.drafter}"
+        return method_label(self.method, self.drafter)
 
     @property
     def K(self) -> int | None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from mdv.analysis.cells import AR, Cell, as_number
+from mdv.drafters.base import verifier_of
 
 
 # ----------------------------------------------------------------------------------------------- speedup
@@ -20,11 +21,6 @@ class Speedup:
     e2e: list[float]
     ar_cell: Cell
     unequal_tokens: int = 0
-
-
-def verifier_of(label: str) -> str:
-    """The verifier of a row label (``sd+ngram`` -> ``sd``; a plain method name is its own)."""
-    return label.split("+", 1)[0]
 
 
 def lossless(method: str) -> bool | None:

@@ -9,7 +9,7 @@ Lifecycle per sequence, driven by :func:`mdv.engine.generate`:
 
 1. :meth:`Drafter.bind` once per ``generate`` call, before any work: check the target (and the draft
    model, where one is needed) and raise :class:`~mdv.errors.InvalidInputError` naming the problem;
-2. :meth:`Drafter.start` with the prompt (a fresh sequence);
+2. :meth:`Drafter.prefill` with the prompt (a fresh sequence);
 3. per iteration :meth:`Drafter.propose` -> :class:`Draft`, then :meth:`Drafter.commit` with the
    verifier's outcome (the selected row and its accepted length tau), so a drafter with a cache can roll
    it back.
@@ -45,8 +45,6 @@ class Drafter(ABC):
     :func:`mdv.drafters.registry.register_drafter`."""
 
     name: ClassVar[str] = ""
-    #: True when the drafter drafts with the separate draft model passed to ``generate``.
-    needs_draft_model: ClassVar[bool] = False
 
     def bind(self, target: Any, draft: Any) -> int:
         """Check ``target`` (and ``draft``) before any generation; -> the vocabulary size V of q."""
@@ -91,6 +89,20 @@ class Drafter(ABC):
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
         return f"{type(self).__name__}({opts})"
+
+
+#: The drafter of a run that names none: the pair's draft model (ids and labels of such runs carry no drafter).
+DEFAULT_DRAFTER = "model"
+
+
+def method_label(method: str, drafter: str | None) -> str:
+    """A run's label: the method, with its drafter where that is not the default (``sd+ngram``)."""
+    return method if drafter in (None, DEFAULT_DRAFTER) else f"{method}+{drafter}"
+
+
+def verifier_of(label: str) -> str:
+    """The method of a :func:`method_label` (``sd+ngram`` -> ``sd``; a plain method name is its own)."""
+    return label.split("+", 1)[0]
 
 
 def draw_rows(laws: Tensor, generator: torch.Generator) -> Tensor:

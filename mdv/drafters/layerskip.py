@@ -61,7 +61,6 @@ class LayerSkipDrafter(ModelDrafter):
     """Draft with the target's first ``depth`` layers + its final norm and head (module docstring)."""
 
     name = "layerskip"
-    needs_draft_model = False
 
     def __init__(self, depth: int = 4) -> None:
         super().__init__()

@@ -70,7 +70,6 @@ class ModelDrafter(Drafter):
     """The draft model passed to ``generate`` (``draft=``), with its KV-cache session."""
 
     name = "model"
-    needs_draft_model = True
 
     def __init__(self) -> None:
         self.model: Any = None

@@ -109,7 +109,7 @@ class NgramDrafter(Drafter):
         for n in range(min(self.n_max, m - 1), self.n_min - 1, -1):
             s = tuple(ctx[m - n:])
             counts = Counter(self._index.get(s, ()))
-            # windows whose following token is a drafted one: follower index f in [m0, m - 1)
+            # windows whose following token is a drafted one: follower index f in [m0, m)
             for f in range(max(m0, n), m):
                 if tuple(ctx[f - n:f]) == s:
                     counts[ctx[f]] += 1
@@ -120,16 +120,22 @@ class NgramDrafter(Drafter):
     def propose(self, seq: Sequence[int], K: int, L: int, sampling: SamplingConfig,
                 generator: torch.Generator, shorter_ok: bool = False) -> Draft:
         self._sync(seq)
-        if shorter_ok and self.shorten_on_miss and self._fast_law([]) is None:
+        first = self._fast_law([])  # the law at the context itself, shared by every row
+        if shorter_ok and self.shorten_on_miss and first is None:
             L = 1  # no earlier occurrence of the context's suffix: one guess, not a block of L (module doc)
+        if first is None:
+            first = _law(self._unigram, self.V)
         rows: list[list[int]] = [[] for _ in range(K)]
         qs = torch.empty(K, L, self.V, dtype=torch.float64)
         for i in range(L):
-            laws = []
-            for k in range(K):
-                law = self._fast_law(rows[k])
-                laws.append(law if law is not None else _law(self._unigram + Counter(rows[k]), self.V))
-            q_i = torch.stack(laws).to(generator.device)  # [K, V]
+            if i == 0:
+                q_i = first.expand(K, -1).to(generator.device)  # [K, V]
+            else:
+                laws = []
+                for k in range(K):
+                    law = self._fast_law(rows[k])
+                    laws.append(law if law is not None else _law(self._unigram + Counter(rows[k]), self.V))
+                q_i = torch.stack(laws).to(generator.device)  # [K, V]
             x = draw_rows(q_i, generator).tolist()
             qs[:, i] = q_i.cpu()
             for k in range(K):

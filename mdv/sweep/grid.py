@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from mdv.drafters.base import method_label
 from mdv.sweep.config import RunConfig, enum_value
 
 #: Prompts at the head of each cell that only warm the timing up (analysis excludes them from speedups).
@@ -63,7 +64,7 @@ class Cell:
     @property
     def label(self) -> str:
         """The method, with its drafter where that is not the default draft model (``sd+ngram``)."""
-        return self.method if self.drafter == "model" else f"{self.method}+{self.drafter}"
+        return method_label(self.method, self.drafter)
 
     def config(self) -> dict[str, Any]:
         """The ``config`` block of the cell file (the contract's keys, plus warmup_prompts and

@@ -5,6 +5,7 @@ from typing import Any, Callable, Sequence
 
 from mdv.bench.report.format import fmt, md_table, _method_rank, pct, rng
 from mdv.bench.report.load import Record, SPLIT_KEYS
+from mdv.drafters.base import method_label
 
 
 # =============================================================================================== verifier
@@ -117,8 +118,7 @@ def section_target_pass(rec: Record) -> list[str]:
 # =============================================================================================== e2e
 def e2e_label(r: dict) -> str:
     """The row's method, with its drafter where that is not the default draft model (``sd+ngram``)."""
-    d = r.get("drafter")  # absent in records written before mdv.drafters
-    return r["method"] if d in (None, "model") else f"{r['method']}+{d}"
+    return method_label(r["method"], r.get("drafter"))  # no drafter in records written before mdv.drafters
 
 
 def _e2e_key(r: dict) -> tuple:
