@@ -7,7 +7,9 @@ One iteration of :func:`generate` with a verifier:
    The ``model`` drafter's session processes its pending tokens (committed but not yet in its cache) in
    one row, then forks into K rows and takes L sequential steps (:meth:`SamplingConfig.probs`,
    algorithms.md §12.2); ``ngram`` looks the law up in the context; ``layerskip`` is ``model`` with the
-   target's first layers.
+   target's first layers; ``eagle`` is one layer over the target's own features, which the target's
+   session records in every pass and the engine hands over for the committed positions (after prefill and
+   after step 4's choice: the pending chain plus the accepted draft tokens).
 2. **Target.** ONE forward pass scores ``[pending, D_k]`` for all k; ``p [K, L+1, V]`` are the laws
    before each draft token plus the bonus position, under the same sampling transform.  With K > 1 the
    pass is a token tree in a single row (``target_pass="tree"``, the default where the target's session
@@ -152,7 +154,7 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     (one row, shared prefixes once), ``"rows"`` (K rows over a forked cache) or ``"auto"`` (tree where
     the target's session supports it); K = 1 is always one row.  drafter: who proposes the K blocks
     (``mdv.drafters.DRAFTERS``: ``model`` = ``draft``, ``ngram`` = prompt lookup, ``layerskip`` = the
-    target's first layers; or a :class:`~mdv.drafters.base.Drafter` instance), with ``drafter_options``
+    target's first layers, ``eagle`` = one layer over the target's features; or a :class:`~mdv.drafters.base.Drafter` instance), with ``drafter_options``
     (e.g. ``{"n_max": 3}``); only ``model`` needs ``draft``.  Returns :class:`GenerationResult`.
     """
     from mdv.verify.registry import VERIFIERS
@@ -207,9 +209,16 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
                 " token tree (its attention takes no custom mask, or its cache cannot be rearranged); use"
                 " target_pass='rows' or 'auto'")
         stats.extra["target_pass"] = "tree" if use_tree else "rows"
+        if drf.uses_target_features:
+            if not hasattr(tgt, "record_features"):
+                raise InvalidInputError(f"drafter {drf.name!r} reads the target's hidden states, but the target's"
+                                        f" session ({type(tgt).__name__}) cannot record them; use an HFModel target")
+            tgt.record_features = True
         with watch.phase("prefill"):
             tgt.prefill(prompt[:-1])
             drf.prefill(prompt)
+            if drf.uses_target_features and len(prompt) > 1:
+                drf.observe_target(tgt.last_features[0])  # [len(prompt) - 1, d]
         with watch.phase("decode"):
             out = _decode_speculative(tgt, drf, verifier, prompt, sampling, K, L, max_new_tokens, eos, ctx,
                                       generator, stats, on_step, use_tree)
@@ -312,6 +321,7 @@ def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, pr
                 stats.extra["short_blocks"] = stats.extra.get("short_blocks", 0) + 1
         # 2. target: one pass over [pending, D_k] for all k (a token tree in one row, or K rows)
         with watch.phase("target"):
+            pending = n - tgt.length  # committed tokens the target has not processed yet (>= 1)
             tree = build_tree(seq[tgt.length:], tokens.cpu()) if use_tree else None
             p = score_drafts(tgt, seq, tokens, sampling, tree).to(gdev)  # [K, L+1, V]
             stats.target_calls += 1
@@ -325,6 +335,9 @@ def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, pr
             tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
             emitted = outcome.emitted(block)
         # 4. roll back both caches to the kept row and prefix; the new token stays pending
+        if drf.uses_target_features:  # the target's features of the pending chain and D_sel[:tau]
+            feats = tgt.last_features  # [1, nodes, d] (tree) or [K, pending + L, d] (rows)
+            drf.observe_target(feats[0, tree.path(sel, tau)] if tree is not None else feats[sel, :pending + tau])
         if tree is not None:
             tgt.keep_nodes(tree.path(sel, tau))
         else:

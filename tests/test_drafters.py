@@ -58,7 +58,7 @@ def drafters_for(target: HFModel) -> dict[str, tuple[Drafter, Any]]:
 
 
 def test_registry_lists_the_builtin_drafters() -> None:
-    assert list(DRAFTERS) == ["layerskip", "model", "ngram"]
+    assert list(DRAFTERS) == ["eagle", "layerskip", "model", "ngram"]
     assert all(issubclass(c, Drafter) for c in DRAFTERS.values())
 
 
@@ -78,7 +78,7 @@ def test_recorded_q_equals_the_reference_law_along_generations(target3, name: st
         for k in range(rec.block.K):
             for i in range(rec.block.L):
                 ctx = list(rec.context) + rec.block.tokens[0, k, :i].tolist()
-                ref = drf.reference_law(ctx, sampling)
+                ref = drf.reference_law(ctx, sampling, committed=len(rec.context))
                 worst = max(worst, (rec.block.q[0, k, i] - ref).abs().max().item())
                 checked += 1
     assert rejected > 0 and checked > 50, (rejected, checked)
@@ -251,7 +251,7 @@ def test_ngram_index_equals_the_full_scan_on_random_sequences() -> None:
 
 # ---------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kw,match", [
-    ({"drafter": "eagle2"}, r"unknown drafter 'eagle2'; valid drafters are: layerskip, model, ngram"),
+    ({"drafter": "eagle2"}, r"unknown drafter 'eagle2'; valid drafters are: eagle, layerskip, model, ngram"),
     ({"drafter": "ngram", "drafter_options": {"n_min": 3, "n_max": 2}}, r"n_min=3 > n_max=2"),
     ({"drafter": "ngram", "drafter_options": {"n_max": 0}}, r"n_max must be an integer >= 1"),
     ({"drafter": "ngram", "drafter_options": {"depth": 2}}, r"drafter 'ngram' has no option\(s\) 'depth'"),

@@ -89,7 +89,7 @@ def test_builtin_drafters_fill_their_registry_and_register_refuses_what_it_must(
     from mdv.drafters.ngram import NgramDrafter
     from mdv.sweep.config import drafter_names
 
-    assert list(DRAFTERS)[:3] == ["layerskip", "model", "ngram"] and drafter_names("all")[:3] == list(DRAFTERS)[:3]
+    assert list(DRAFTERS)[:4] == ["eagle", "layerskip", "model", "ngram"] and drafter_names("all")[:4] == list(DRAFTERS)[:4]
 
     class Impostor(NgramDrafter):
         name = "model"
@@ -161,7 +161,7 @@ def test_a_plugin_drafter_is_registered_and_runs_in_generate_and_a_sweep(plugin_
             " print(json.dumps([list(DRAFTERS), drafter_names('all')]))")
     proc = _run(plugin_site, ["-c", code])
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == [["layerskip", "model", "ngram", "demo_lookup"]] * 2  # plug-ins last
+    assert json.loads(proc.stdout) == [["eagle", "layerskip", "model", "ngram", "demo_lookup"]] * 2  # plug-ins last
     res = tmp_path / "res"
     proc = _run(plugin_site, [
         "-m", "experiments.run", "models=tiny_random", "method.names=[ar,sd]", "drafter.names=[ngram,demo_lookup]",

@@ -186,7 +186,7 @@ def test_drafters_are_an_axis_of_every_speculative_method(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("over,needle", [
-    ({"drafter.names": ["eagle"]}, "unknown drafter 'eagle'; valid drafters are: layerskip, model, ngram"),
+    ({"drafter.names": ["eagle3"]}, "unknown drafter 'eagle3'; valid drafters are: eagle, layerskip, model, ngram"),
     ({"drafter.names": []}, "drafter.names is empty"),
     ({"drafter.names": ["ngram"], "drafter.options": {"ngram": {"n_min": 5, "n_max": 2}}}, "n_min=5 > n_max=2"),
     ({"drafter.names": ["layerskip"], "drafter.options": {"layerskip": {"depth": 2.5}}}, "depth must be an integer"),

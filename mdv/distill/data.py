@@ -106,15 +106,15 @@ def cache_key(obj: Any) -> str:
 
 @torch.no_grad()
 def batched_generate(model: Any, tok: Any, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                     top_p: float, batch_size: int, seed: int, desc: str, cache: Path | None = None
-                     ) -> tuple[list[list[int]], float]:
+                     top_p: float, batch_size: int, seed: int, desc: str, cache: Path | None = None,
+                     used: list[str] | None = None) -> tuple[list[list[int]], float]:
     """The target's continuations of ``prompts`` and the seconds spent computing them.
 
     Chunks of ``batch_size`` prompts, in order, are left-padded and decoded with the KV cache (greedy
     at T=0, else sampled with the chunk's seed), in the model's own dtype; each continuation is cut
     after its first end-of-sequence token.  With ``cache``, each chunk is stored under a key of its
     prompts, settings, seed and (when not float32) dtype, so a run with more prompts reuses the chunks
-    it shares with an earlier run.
+    it shares with an earlier run; ``used`` receives the chunks' keys (what :func:`pack_generations` ships).
     """
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
@@ -129,6 +129,8 @@ def batched_generate(model: Any, tok: Any, prompts: list[list[int]], max_new_tok
         if dtype != torch.float32:  # float32 chunks keep the keys they were cached under
             spec["dtype"] = str(dtype)
         key = cache_key(spec)
+        if used is not None:
+            used.append(key)
         cpath = cache / f"gen-{key}.json" if cache is not None else None
         if cpath is not None and cpath.is_file():
             d = json.loads(cpath.read_text())
@@ -185,11 +187,13 @@ def build_sequences(cfg: DictConfig, tok: Any, target: Any, train: list[dict[str
     # matrix units); the teacher states the draft learns from are always the float32 target's.
     gen_model = target if gen_dtype == torch.float32 else copy.deepcopy(target).to(gen_dtype)
     secs, n_generated = 0.0, 0
+    chunks: list[str] = []
     for k in range(int(g.samples_per_prompt)):
         # sample k > 0 draws with another seed; sample 0 keeps the seed (and cache keys) of one-sample runs
         conts, sample_secs = batched_generate(
             gen_model, tok, prompts, int(g.max_new_tokens), float(g.temperature), float(g.top_p),
-            int(g.batch_size), seed + 7919 * k, desc=f"target generations (sample {k + 1})", cache=cache)
+            int(g.batch_size), seed + 7919 * k, desc=f"target generations (sample {k + 1})", cache=cache,
+            used=chunks)
         secs += sample_secs
         n_generated += sum(len(c) for c in conts)
         for p, c in zip(prompts, conts):
@@ -200,6 +204,7 @@ def build_sequences(cfg: DictConfig, tok: Any, target: Any, train: list[dict[str
     info["generation_prompts"] = len(prompts)
     info["generation_samples_per_prompt"] = int(g.samples_per_prompt)
     info["generation_dtype"] = str(gen_dtype).removeprefix("torch.")
+    info["generation_chunks"] = chunks
     del gen_model
     # (b) reference answers as assistant turns, (c) raw HumanEval code (null counts: every training prompt)
     rest = interleave(train, seed + 2)
@@ -214,6 +219,43 @@ def build_sequences(cfg: DictConfig, tok: Any, target: Any, train: list[dict[str
     info["sequences"] = {k: sum(s["kind"] == k for s in seqs) for k in ("generation", "reference", "raw_code")}
     info["tokens"] = sum(len(s["ids"]) for s in seqs)
     return seqs, info
+
+
+def pack_generations(keys: list[str], cache: Path, asset: Path) -> str:
+    """Ship the generation chunks ``keys`` of ``cache`` as one gzip JSON ``asset`` ({key: chunk}); its
+    sha256 goes to ``<asset>.sha256``.  Keys hash the target file, prompts, settings and seed, so a chunk
+    is only ever reused for exactly the generation it was made by.  -> the sha256."""
+    body = {k: json.loads((cache / f"gen-{k}.json").read_text()) for k in keys}
+    data = gzip.compress(json.dumps(body, sort_keys=True, separators=(",", ":")).encode(), mtime=0)
+    asset.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    asset.with_name(asset.name + ".sha256").write_text(f"{digest}  {asset.name}\n")
+    return digest
+
+
+def unpack_generations(asset: Path, cache: Path) -> int:
+    """Seed ``cache`` with the shipped generation chunks of ``asset`` (those not cached yet), after checking
+    its sha256 against ``<asset>.sha256``; -> chunks written.  No asset: 0 (the recipe generates)."""
+    from mdv.errors import MissingAssetError
+
+    sums = asset.with_name(asset.name + ".sha256")
+    if not asset.is_file():
+        return 0
+    data = asset.read_bytes()
+    want = sums.read_text().split()[0] if sums.is_file() else None
+    if hashlib.sha256(data).hexdigest() != want:
+        raise MissingAssetError(f"{asset} does not match its sha256 ({sums.name}); restore both from git, or delete"
+                                " them to let the recipe regenerate the target's text")
+    written = 0
+    cache.mkdir(parents=True, exist_ok=True)
+    for key, chunk in json.loads(gzip.decompress(data)).items():
+        path = cache / f"gen-{key}.json"
+        if not path.is_file():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(chunk))
+            tmp.replace(path)  # atomic: a concurrent reader sees a whole chunk or none
+            written += 1
+    return written
 
 
 def pad_batch(seqs: list[dict[str, Any]], idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,6 +45,10 @@ class Drafter(ABC):
     :func:`mdv.drafters.registry.register_drafter`."""
 
     name: ClassVar[str] = ""
+    #: True for a drafter that reads the target's own hidden states (``eagle``): the engine then records the
+    #: last decoder layer's output of every target pass and hands the committed positions' to
+    #: :meth:`observe_target`.
+    uses_target_features: ClassVar[bool] = False
 
     def bind(self, target: Any, draft: Any) -> int:
         """Check ``target`` (and ``draft``) before any generation; -> the vocabulary size V of q."""
@@ -70,6 +74,11 @@ class Drafter(ABC):
         choose a shorter length, *from the context alone* (before drawing), so that the K blocks stay
         i.i.d. of one length and every verifier's guarantee holds.  The paired measurement needs L."""
 
+    def observe_target(self, features: Tensor) -> None:
+        """The target's last-layer features [m, d] of the next m committed positions, in order (the
+        positions the target's cache now holds beyond those handed over before); only called when
+        :attr:`uses_target_features`."""
+
     def commit(self, sel: int, tau: int) -> None:
         """The verifier kept row ``sel`` of the last proposal and accepted its first ``tau`` tokens."""
 
@@ -78,9 +87,11 @@ class Drafter(ABC):
         sequence (the paired measurement draws again at the same context)."""
 
     @abstractmethod
-    def reference_law(self, context: Sequence[int], sampling: SamplingConfig) -> Tensor:
+    def reference_law(self, context: Sequence[int], sampling: SamplingConfig, committed: int | None = None) -> Tensor:
         """The law [V] float64 of the next drafted token after ``context`` (committed sequence plus the
-        row's drafted prefix), computed slowly from ``context`` alone."""
+        row's drafted prefix), computed slowly from ``context`` alone.  committed: how many leading tokens
+        of ``context`` are committed (None: all); only a drafter whose law depends on what the target has
+        scored (``eagle``) reads it."""
 
     def options(self) -> dict[str, Any]:
         """The drafter's settings, recorded with every generation (``stats["drafter_options"]``)."""

@@ -27,12 +27,9 @@ from mdv.models.sampling import SamplingConfig
 
 def _decoder(model: Any) -> Any:
     """The decoder stack (with ``.layers`` and ``.norm``) of a transformers causal LM, or an error."""
-    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if dec is None or not isinstance(getattr(dec, "layers", None), torch.nn.ModuleList) or not hasattr(dec, "norm"):
-        raise InvalidInputError(
-            f"drafter 'layerskip' needs a transformers decoder with get_decoder().layers and .norm (Llama-like);"
-            f" {type(model).__name__} has none")
-    return dec
+    from mdv.models.hf import decoder_stack
+
+    return decoder_stack(model, "drafter 'layerskip'")
 
 
 def truncated_view(model: Any, depth: int) -> Any:
@@ -90,7 +87,8 @@ class LayerSkipDrafter(ModelDrafter):
                        name=f"{target.name} (first {self.depth} of {layers} layers)")
 
     @torch.inference_mode()
-    def reference_law(self, context: Sequence[int], sampling: SamplingConfig) -> Tensor:
+    def reference_law(self, context: Sequence[int], sampling: SamplingConfig,
+                      committed: int | None = None) -> Tensor:
         model = self.target.model
         ids = torch.tensor([list(map(int, context))], dtype=torch.long, device=self.target.device)
         hidden = model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states[self.depth]

@@ -115,6 +115,7 @@ class ModelDrafter(Drafter):
         self.session.keep(0)
         self.session.crop(length)
 
-    def reference_law(self, context: Sequence[int], sampling: SamplingConfig) -> Tensor:
+    def reference_law(self, context: Sequence[int], sampling: SamplingConfig,
+                      committed: int | None = None) -> Tensor:
         """A full forward pass over ``context`` (``next_logprobs``, no cache), under the transform."""
         return sampling.probs(torch.as_tensor(self.model.next_logprobs([list(context)]))[0])

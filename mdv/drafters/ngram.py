@@ -142,7 +142,8 @@ class NgramDrafter(Drafter):
                 rows[k].append(int(x[k]))
         return Draft(torch.tensor(rows, dtype=torch.long, device=generator.device), qs.to(generator.device), calls=0)
 
-    def reference_law(self, context: Sequence[int], sampling: SamplingConfig) -> Tensor:
+    def reference_law(self, context: Sequence[int], sampling: SamplingConfig,
+                      committed: int | None = None) -> Tensor:
         c = [int(t) for t in context]
         m = len(c)
         for n in range(self.n_max, self.n_min - 1, -1):

@@ -75,6 +75,17 @@ def _as_device(device: Any) -> torch.device:
     return dev
 
 
+def decoder_stack(model: Any, who: str) -> Any:
+    """The decoder stack (with ``.layers`` and ``.norm``) of a transformers causal LM, or one
+    :class:`~mdv.errors.InvalidInputError` naming ``who`` needs it."""
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if dec is None or not isinstance(getattr(dec, "layers", None), torch.nn.ModuleList) or not hasattr(dec, "norm"):
+        raise InvalidInputError(
+            f"{who} needs a transformers decoder with get_decoder().layers and .norm (Llama-like);"
+            f" {type(model).__name__} has none")
+    return dec
+
+
 class HFModel:
     """A transformers causal LM as a :class:`~mdv.models.base.LanguageModel` with KV-cache sessions.
 
@@ -201,9 +212,20 @@ class HFModel:
     # ------------------------------------------------------------------ forward passes
     @torch.no_grad()
     def forward(self, input_ids: Tensor, cache: Any = None, position_ids: Tensor | None = None,
-                last_only: bool = False, attention_mask: Tensor | None = None) -> Tensor:
+                last_only: bool = False, attention_mask: Tensor | None = None,
+                features: list[Tensor] | None = None) -> Tensor:
         """One forward pass.  input_ids: [R, n] -> logits [R, n, V] (or [R, 1, V] with ``last_only``).
-        attention_mask: None (causal) or a 4-D [R, 1, n, cached + n] mask, passed to the model as is."""
+        attention_mask: None (causal) or a 4-D [R, 1, n, cached + n] mask, passed to the model as is.
+        features: a list that receives the last decoder layer's output [R, n, d] (the input of the final
+        norm, at every position even with ``last_only``): only that layer is kept, through a hook on the
+        norm, not ``output_hidden_states``."""
+        if features is not None:
+            hook = decoder_stack(self.model, "target features").norm.register_forward_pre_hook(
+                lambda _module, args: features.append(args[0]))
+            try:
+                return self.forward(input_ids, cache, position_ids, last_only, attention_mask)
+            finally:
+                hook.remove()
         dev = self.device
         kwargs: dict[str, Any] = {"input_ids": input_ids.to(dev)}
         if position_ids is not None:
@@ -279,6 +301,10 @@ class HFSession:
         self._length = 0
         self._device = hf.device
         self._tree: TokenTree | None = None  # scored by extend_tree (in the cache after `length`)
+        #: when True, every pass keeps the last decoder layer's output of its tokens in ``last_features``
+        #: ([R, n, d]; a tree pass: [1, nodes, d]) for drafters that read the target's features
+        self.record_features = False
+        self.last_features: Tensor | None = None
         attn = getattr(hf.model.config, "_attn_implementation", None) or "eager"
         layers = getattr(self.cache, "layers", None)
         try:
@@ -303,7 +329,10 @@ class HFSession:
     def _run(self, tokens: Tensor, last_only: bool) -> Tensor:
         R, n = tokens.shape
         pos = torch.arange(self._length, self._length + n, dtype=torch.long).expand(R, n)
-        logits = self.hf.forward(tokens.long(), cache=self.cache, position_ids=pos, last_only=last_only)
+        feats: list[Tensor] | None = [] if self.record_features else None
+        logits = self.hf.forward(tokens.long(), cache=self.cache, position_ids=pos, last_only=last_only,
+                                 features=feats)
+        self.last_features = feats[-1] if feats else None
         self._length += n
         if getattr(self.cache, "is_croppable", True) is False:
             raise InvalidInputError(
@@ -389,7 +418,10 @@ class HFSession:
         dtype = self.hf.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self._device).masked_fill_(
             ~allowed, torch.finfo(dtype).min)
-        logits = self.hf.forward(ids, cache=self.cache, position_ids=pos, attention_mask=mask)[0]  # [n, V]
+        feats: list[Tensor] | None = [] if self.record_features else None
+        logits = self.hf.forward(ids, cache=self.cache, position_ids=pos, attention_mask=mask,
+                                 features=feats)[0]  # [n, V]
+        self.last_features = feats[-1] if feats else None
         self._tree = tree
         return logits
 
