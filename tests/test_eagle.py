@@ -145,6 +145,26 @@ def test_drawn_tokens_follow_the_recorded_law(target3, eagle_file) -> None:
     assert chi_square_pvalue(pairs, wrong) < ALPHA
 
 
+def test_the_paired_probe_rewinds_and_extends_with_the_exact_law(target3, eagle_file) -> None:
+    """The paired measurement drafts twice at a context, then at contexts that jump ahead (no engine hands
+    features over there: the drafter computes them), rewinding its cache each time."""
+    from mdv.paired.measure import ContextProbe
+
+    sampling = SamplingConfig(1.0)
+    probe = ContextProbe(target3, None, PROMPT, sampling, seed=5, drafter="eagle",
+                         drafter_options={"file": str(eagle_file)})
+    drf = probe.drafter
+    for extra in ([], [], [3], [3, 4, 9, 2]):
+        ctx = PROMPT + extra
+        meas = probe.measure(ctx, 3, 2, ["sd", "spectr"])
+        q, toks = meas.block.q[0], meas.block.tokens[0]  # [3, 2, V], [3, 2]
+        for k in range(3):
+            for i in range(2):
+                ref = drf.reference_law(ctx + toks[k, :i].tolist(), sampling, committed=len(ctx))
+                assert (q[k, i] - ref).abs().max().item() < 1e-9
+        assert drf.cached_positions <= len(ctx) - 1 and drf.committed_features.shape[0] == len(ctx) - 1
+
+
 def test_the_subset_head_gives_q_zero_outside_it(target3, eagle_file) -> None:
     drf = bound(target3, eagle_file)
     q = drf.reference_law(PROMPT, SamplingConfig(1.0))

@@ -244,7 +244,7 @@ class EagleDrafter(Drafter):
         self.head: EagleHead | None = None
         self._embed: Any = None
         self._cache: Any = None
-        self._clen = 0  # positions in the cache (each computed from the target's features)
+        self._clen = 0  # leading positions of the cache computed from the target's features only
         self._feats: Tensor | None = None  # [N, d]: the target's features of positions 0..N-1
         self._n = 0
         self._rows = 1
@@ -337,6 +337,7 @@ class EagleDrafter(Drafter):
         prev = torch.cat([zero, feats], 0)[j0:n]  # f_{j-1} for j = j0..n-1, [m, d]
         toks = torch.tensor([list(map(int, seq[j0:n]))], dtype=torch.long, device=dev)  # [1, m]
         h = self.layer_step(prev.unsqueeze(0), toks, j0)[:, -1]  # [1, d]: ĥ_{n-1}
+        self._clen = n  # positions 0..n-1: computed from the target's features only
         if K > 1:
             self._cache.batch_repeat_interleave(K)
         h = h.expand(K, -1)
@@ -361,8 +362,7 @@ class EagleDrafter(Drafter):
 
     def commit(self, sel: int, tau: int) -> None:
         self._keep(sel)
-        self._clen = self._n  # positions 0..n-1 saw only the target's features; the rest is recomputed
-        self._crop_cache(self._n)
+        self._crop_cache(self._n)  # the drafted positions saw predicted features: recomputed next time
 
     def _crop_cache(self, length: int) -> None:
         held = self._cache.get_seq_length()
@@ -375,8 +375,7 @@ class EagleDrafter(Drafter):
 
     def rewind(self, length: int) -> None:
         self._keep(0)
-        self._clen = min(self._clen, self._n, length)
-        self._crop_cache(self._clen)
+        self._crop_cache(min(self._clen, length))
         if self._feats is not None:
             self._feats = self._feats[:length]
 

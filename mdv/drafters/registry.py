@@ -32,7 +32,7 @@ def register_drafter(cls: D) -> D:
 
 
 def get_drafter(name: Any, **options: Any) -> Drafter:
-    """A fresh drafter by registry name (``layerskip``, ``model``, ``ngram`` and any plug-in) with its
+    """A fresh drafter by registry name (``eagle``, ``layerskip``, ``model``, ``ngram`` and any plug-in) with its
     options; a :class:`~mdv.drafters.base.Drafter` instance is returned as is (no options allowed)."""
     if isinstance(name, Drafter):
         if options:
