@@ -113,9 +113,15 @@ def target_features_batch(target: Any, seqs: list[dict[str, Any]], batch: int, c
 
 
 def make_net(target: Any, cfg: DictConfig) -> EagleNet:
-    """A fresh drafter net; its layer copies target layer ``eagle.init_layer`` (null: random init) and, with
+    """The drafter net to train: the one in ``eagle.init_file`` (training goes on from it), else a fresh net
+    whose layer copies target layer ``eagle.init_layer`` (null: random init) and, with
     ``eagle.fc_init=identity``, ``z_j = f_{j-1} + e(x_j)`` at the start (fc = [I, I], no bias)."""
     torch.manual_seed(int(cfg.seed))
+    if cfg.eagle.init_file:
+        net, info, _ = load_eagle(Path(cfg.eagle.init_file))
+        if info["hidden_size"] != int(target.config.hidden_size):
+            raise InvalidInputError(f"eagle.init_file {cfg.eagle.init_file} was trained for another target")
+        return net.float()
     net = EagleNet(layer_config(target.config, cfg.eagle.intermediate_size))
     if cfg.eagle.fc_init == "identity":
         d = net.hidden_size
