@@ -218,8 +218,9 @@ def test_the_shipped_drafter_is_lossless_on_the_default_pair() -> None:
 
     target, draft, tok = load_default_pair()
     t = HFModel(target, tok)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 12 times 7?"}], add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    from mdv.distill.data import chat_ids
+
+    prompt = chat_ids(tok, "What is 12 times 7? Explain each step.")
     ar = generate(t, None, prompt, "ar", temperature=0.0, max_new_tokens=24, eos_token_id=[]).tokens
     for method, K in (("sd", 1), ("mdbv", 2)):
         res = generate(t, None, prompt, method, K=K, L=4, temperature=0.0, max_new_tokens=24, eos_token_id=[],
