@@ -154,8 +154,9 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     (one row, shared prefixes once), ``"rows"`` (K rows over a forked cache) or ``"auto"`` (tree where
     the target's session supports it); K = 1 is always one row.  drafter: who proposes the K blocks
     (``mdv.drafters.DRAFTERS``: ``model`` = ``draft``, ``ngram`` = prompt lookup, ``layerskip`` = the
-    target's first layers, ``eagle`` = one layer over the target's features; or a :class:`~mdv.drafters.base.Drafter` instance), with ``drafter_options``
-    (e.g. ``{"n_max": 3}``); only ``model`` needs ``draft``.  Returns :class:`GenerationResult`.
+    target's first layers, ``eagle`` = one layer over the target's features; or a
+    :class:`~mdv.drafters.base.Drafter` instance), with ``drafter_options`` (e.g. ``{"n_max": 3}``); only
+    ``model`` needs ``draft``.  Returns :class:`GenerationResult`.
     """
     from mdv.verify.registry import VERIFIERS
 

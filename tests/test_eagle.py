@@ -327,3 +327,15 @@ def test_generations_asset_round_trip(tmp_path: Path) -> None:
     with pytest.raises(MissingAssetError, match="does not match its sha256"):
         unpack_generations(asset, dst)
     assert unpack_generations(tmp_path / "absent.json.gz", dst) == 0
+
+
+def test_the_recipe_feature_pass_equals_one_pass_per_sequence(target3) -> None:
+    """Batched with right padding (the recipe's step 2) = each sequence alone (causal: exact up to rounding)."""
+    from mdv.distill.eagle import target_features_batch
+
+    seqs = [{"ids": [1, 5, 7, 5, 2, 9, 3]}, {"ids": [4, 4, 1]}, {"ids": [2, 3, 5, 7, 11 % 16]}]
+    feats, _ = target_features_batch(target3.model, seqs, batch=3, cache=None)
+    for s, f in zip(seqs, feats):
+        want = target_features(target3.model, s["ids"])
+        assert f.shape == want.shape
+        torch.testing.assert_close(f.double(), want.half().double(), rtol=0, atol=0)  # stored as fp16

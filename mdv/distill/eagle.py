@@ -44,7 +44,7 @@ from mdv.distill.data import (batched_generate, build_sequences, cache_key, chat
 from mdv.drafters.eagle import EagleHead, EagleNet, layer_config, load_eagle, save_eagle
 from mdv.errors import InvalidInputError
 from mdv.models import default_pair as dp
-from mdv.models.hf import decoder_stack
+from mdv.models.hf import decoder_stack, last_layer_outputs
 
 
 def check_options(cfg: DictConfig) -> None:
@@ -86,7 +86,6 @@ def target_features_batch(target: Any, seqs: list[dict[str, Any]], batch: int, c
             todo.append(i)
     if cache is not None:
         (cache / "features").mkdir(parents=True, exist_ok=True)
-    norm = decoder_stack(target, "the eagle recipe").norm
     order = sorted(todo, key=lambda i: len(seqs[i]["ids"]))
     for s in tqdm(range(0, len(order), batch), desc="target features", unit="batch"):
         t0 = time.perf_counter()
@@ -95,12 +94,8 @@ def target_features_batch(target: Any, seqs: list[dict[str, Any]], batch: int, c
         ids = torch.zeros((len(idx), n), dtype=torch.long)
         for r, i in enumerate(idx):
             ids[r, :len(seqs[i]["ids"])] = torch.tensor(seqs[i]["ids"])
-        got: list[torch.Tensor] = []
-        hook = norm.register_forward_pre_hook(lambda _m, a: got.append(a[0]))
-        try:
+        with last_layer_outputs(target, "the eagle recipe") as got:
             target(input_ids=ids, use_cache=False, logits_to_keep=1)  # right padding: causal, exact
-        finally:
-            hook.remove()
         dt = time.perf_counter() - t0
         seconds += dt
         for r, i in enumerate(idx):

@@ -213,15 +213,12 @@ class EagleHead(torch.nn.Module):
 
 def target_features(model: Any, ids: Sequence[int]) -> Tensor:
     """The target's last decoder layer output [n, d] at every position of ``ids`` (one full pass, no cache)."""
-    from mdv.models.hf import decoder_stack
+    from mdv.models.hf import last_layer_outputs
 
-    got: list[Tensor] = []
-    hook = decoder_stack(model, "drafter 'eagle'").norm.register_forward_pre_hook(lambda _m, a: got.append(a[0]))
-    try:
-        model(input_ids=torch.tensor([list(map(int, ids))], dtype=torch.long, device=next(model.parameters()).device),
-              use_cache=False, logits_to_keep=1)
-    finally:
-        hook.remove()
+    dev = next(model.parameters()).device
+    with last_layer_outputs(model, "drafter 'eagle'") as got:
+        model(input_ids=torch.tensor([list(map(int, ids))], dtype=torch.long, device=dev), use_cache=False,
+              logits_to_keep=1)
     return got[-1][0]
 
 

@@ -16,10 +16,11 @@ file through transformers' ``gguf_file``).  It offers
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -84,6 +85,19 @@ def decoder_stack(model: Any, who: str) -> Any:
             f"{who} needs a transformers decoder with get_decoder().layers and .norm (Llama-like);"
             f" {type(model).__name__} has none")
     return dec
+
+
+@contextlib.contextmanager
+def last_layer_outputs(model: Any, who: str) -> Iterator[list[Tensor]]:
+    """Inside the block, every forward pass of ``model`` appends its last decoder layer's output
+    [R, n, d] (the final norm's input, at every position) to the list it yields: only that layer is
+    kept, through a hook on the norm, not ``output_hidden_states``."""
+    got: list[Tensor] = []
+    hook = decoder_stack(model, who).norm.register_forward_pre_hook(lambda _module, args: got.append(args[0]))
+    try:
+        yield got
+    finally:
+        hook.remove()
 
 
 class HFModel:
@@ -216,16 +230,13 @@ class HFModel:
                 features: list[Tensor] | None = None) -> Tensor:
         """One forward pass.  input_ids: [R, n] -> logits [R, n, V] (or [R, 1, V] with ``last_only``).
         attention_mask: None (causal) or a 4-D [R, 1, n, cached + n] mask, passed to the model as is.
-        features: a list that receives the last decoder layer's output [R, n, d] (the input of the final
-        norm, at every position even with ``last_only``): only that layer is kept, through a hook on the
-        norm, not ``output_hidden_states``."""
+        features: a list that receives the last decoder layer's output [R, n, d] (at every position, even
+        with ``last_only``; :func:`last_layer_outputs`)."""
         if features is not None:
-            hook = decoder_stack(self.model, "target features").norm.register_forward_pre_hook(
-                lambda _module, args: features.append(args[0]))
-            try:
-                return self.forward(input_ids, cache, position_ids, last_only, attention_mask)
-            finally:
-                hook.remove()
+            with last_layer_outputs(self.model, "recording the target's features") as got:
+                logits = self.forward(input_ids, cache, position_ids, last_only, attention_mask)
+            features.extend(got)
+            return logits
         dev = self.device
         kwargs: dict[str, Any] = {"input_ids": input_ids.to(dev)}
         if position_ids is not None:
