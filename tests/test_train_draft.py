@@ -106,3 +106,18 @@ def test_greedy_generation_is_accepted_with_one_sample_per_prompt():
 
 def test_full_head_distillation_needs_no_subset():
     recipe.check_options(_cfg(**{"distill.head": "full", "head_subset.enabled": False}))
+
+
+def test_warmup_cosine_schedule():
+    from mdv.distill.train import warmup_cosine
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    sched = warmup_cosine(opt, steps=12, warmup=4, min_lr_ratio=0.1)
+    lrs = []
+    for _ in range(13):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(0.5) and lrs[3] == pytest.approx(2.0)  # linear rise to lr
+    assert lrs[4] == pytest.approx(2.0) and lrs[8] == pytest.approx(2.0 * 0.55)  # half way down the cosine
+    assert lrs[12] == pytest.approx(0.2) and all(a >= b for a, b in zip(lrs[3:], lrs[4:]))

@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from mdv import assets
 from mdv.distill.data import (batched_generate, build_sequences, cache_key, chat_ids, interleave,
                               load_prompt_records, pack_generations, split_records, unpack_generations)
 from mdv.drafters.eagle import EagleHead, EagleNet, layer_config, load_eagle, save_eagle
+from mdv.distill.train import warmup_cosine
 from mdv.errors import InvalidInputError
 from mdv.models import default_pair as dp
 from mdv.models.hf import decoder_stack, last_layer_outputs
@@ -177,15 +177,8 @@ def train_eagle(cfg: DictConfig, target: Any, seqs: list[dict[str, Any]], feats:
     sigma = float(torch.cat([feats[i].float() for i in tr[:200]]).pow(2).mean().sqrt())
     params = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=float(t.lr), weight_decay=float(t.weight_decay), betas=(0.9, 0.95))
-    steps, warm, minr = int(t.steps), int(t.warmup), float(t.min_lr_ratio)
-
-    def lr_at(s: int) -> float:
-        if s < warm:
-            return (s + 1) / warm
-        prog = (s - warm) / max(1, steps - warm)
-        return minr + (1 - minr) * 0.5 * (1 + math.cos(math.pi * prog))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    steps = int(t.steps)
+    sched = warmup_cosine(opt, steps, int(t.warmup), float(t.min_lr_ratio))
     autocast = t.autocast
     w, noise, unroll = float(t.reg_weight), float(t.feature_noise), int(t.unroll)
 

@@ -16,6 +16,19 @@ from mdv.distill.data import pad_batch
 from mdv.distill.teacher import centered_gram, distill_loss
 
 
+def warmup_cosine(opt: torch.optim.Optimizer, steps: int, warmup: int, min_lr_ratio: float
+                  ) -> torch.optim.lr_scheduler.LambdaLR:
+    """The recipes' schedule: the learning rate rises linearly over ``warmup`` steps, then follows a cosine
+    from 1 to ``min_lr_ratio`` (times the optimiser's lr) at step ``steps``."""
+    def lr_at(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / warmup
+        prog = (s - warmup) / max(1, steps - warmup)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+
+
 def _batches(lengths: list[int], batch: int, rng: random.Random) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
     bs = [order[s:s + batch] for s in range(0, len(order), batch)]
@@ -74,15 +87,8 @@ def train_draft(cfg: DictConfig, target: Any, seqs: list[dict[str, Any]], teach:
         return loss, st, n
 
     opt = torch.optim.AdamW(params, lr=float(t.lr), weight_decay=float(t.weight_decay), betas=(0.9, 0.98))
-    steps, warm, minr = int(t.steps), int(t.warmup), float(t.min_lr_ratio)
-
-    def lr_at(s: int) -> float:
-        if s < warm:
-            return (s + 1) / warm
-        prog = (s - warm) / max(1, steps - warm)
-        return minr + (1 - minr) * 0.5 * (1 + math.cos(math.pi * prog))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    steps = int(t.steps)
+    sched = warmup_cosine(opt, steps, int(t.warmup), float(t.min_lr_ratio))
     T, frac, w = float(dc.temperature), float(dc.kl_fraction), float(dc.mse_weight)
     tr_lengths = [len(seqs[i]["ids"]) for i in tr]
 
