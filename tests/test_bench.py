@@ -195,8 +195,8 @@ def test_e2e_drafter_that_cannot_run_on_the_pair_fails_before_any_generation(tin
 def test_e2e_bad_drafter_is_one_clear_error_before_any_model_loads() -> None:
     from mdv.bench.config import BenchConfig, validate
 
-    with pytest.raises(Exception, match=r"e2e.drafters: unknown drafter 'eagle'; valid drafters are"):
-        validate(BenchConfig(e2e=E2EBench(drafters=["eagle"])))
+    with pytest.raises(Exception, match=r"e2e.drafters: unknown drafter 'eagle3'; valid drafters are"):
+        validate(BenchConfig(e2e=E2EBench(drafters=["eagle3"])))
     with pytest.raises(Exception, match=r"n_min=4 > n_max=2"):
         validate(BenchConfig(e2e=E2EBench(drafters=["ngram"], drafter_options={"ngram": {"n_min": 4, "n_max": 2}})))
 

@@ -326,8 +326,8 @@ def test_a_drafter_other_than_the_model_refuses_the_cost_model() -> None:
     with pytest.raises(InvalidInputError, match=r"paired.drafter=ngram: the cost model and the speed check time"
                                                 r" the pair's draft model.*paired.calibrate=false"):
         validate_paired(PairedConfig(drafter="ngram", calibrate=True))
-    with pytest.raises(MdvError, match=r"unknown drafter 'eagle'"):
-        validate_paired(PairedConfig(drafter="eagle", calibrate=False))
+    with pytest.raises(MdvError, match=r"unknown drafter 'eagle3'"):
+        validate_paired(PairedConfig(drafter="eagle3", calibrate=False))
     validate_paired(PairedConfig(drafter="ngram", calibrate=False))  # block efficiencies and verdicts only: fine
 
 
