@@ -23,6 +23,8 @@ from mdv.models import default_pair as dp
 
 
 SOURCES = ("humaneval", "alpaca", "gsm")
+#: The target's generations shipped in ``mdv/assets_data`` (:func:`pack_generations`; both recipes read them).
+SHIPPED_GENERATIONS = "smollm2-135m-instruct-generations.json.gz"
 
 
 def load_prompt_records() -> list[dict[str, Any]]:

@@ -13,7 +13,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mdv import assets
-from mdv.distill.data import build_sequences, load_prompt_records, split_records
+from mdv.distill.data import (SHIPPED_GENERATIONS, build_sequences, load_prompt_records, split_records,
+                              unpack_generations)
 from mdv.distill.evaluate import evaluate
 from mdv.distill.head_subset import choose_head_subsets, head_subset_section
 from mdv.distill.teacher import teacher_hidden
@@ -75,6 +76,9 @@ def run_recipe(cfg: DictConfig, out_dir: Path, command: str) -> dict[str, Any]:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     cache = Path(cfg.output.work_cache) if cfg.output.work_cache else assets.cache_dir() / "train_draft"
     cache.mkdir(parents=True, exist_ok=True)
+    # the target's generations shipped with the eagle drafter share their chunk keys with this recipe's
+    # first sample (same prompts, settings and seed): seed the cache with them instead of regenerating
+    unpack_generations(dp.DATA_DIR / SHIPPED_GENERATIONS, cache)
 
     target, tok = dp.load_target(torch.float32)
     for p in target.parameters():
