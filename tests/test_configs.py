@@ -212,3 +212,15 @@ def test_theory_preset_runs(theory_run) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "theory.md").is_file() and (out / "theory.csv").is_file()
     assert len((out / "theory.csv").read_text().strip().splitlines()) > 1
+
+
+def test_the_sr_check_preset_checks_the_prediction_at_the_e2e_budget() -> None:
+    """experiment=sr_check: the speed check on every paired prompt of the five datasets, 64 tokens each."""
+    from mdv.paired.config import validate_paired
+
+    cfg = run_config(["experiment=sr_check"])
+    p = cfg.paired
+    assert cfg.task == Task.paired and p.datasets == ALL_DATASETS and p.n_prompts == p.speed_check.n_prompts == 10
+    assert p.speed_check.enabled and p.speed_check.datasets is None and p.speed_check.n_tokens == p.n_tokens == 64
+    assert {"sd", "spectr"} <= set(p.speed_check.methods) <= set(p.methods)
+    validate_paired(p)

@@ -233,6 +233,20 @@ def test_the_shipped_drafter_is_lossless_on_the_default_pair() -> None:
 
 
 # ---------------------------------------------------------------------------------- files and bad input
+def test_the_calibration_times_the_eagle_call(target3, eagle_file) -> None:
+    """mdv.paired.cost.calibrate(drafter="eagle"): the drafter gets the prefill's features, every (K, L) call
+    is timed, and the target is left as prefilled, still recording features (as in the engine)."""
+    from mdv.paired.cost import calibrate
+
+    tgt, drf = target3.new_session(), target3.new_session()
+    with torch.inference_mode():
+        cal = calibrate(target3, target3, K_max=2, L_max=2, methods=["sd"], context_ids=PROMPT * 2, repeats=1,
+                        sessions=(tgt, drf), drafter="eagle", drafter_options={"file": str(eagle_file)})
+    assert cal.drafter == {"name": "eagle", "options": {"file": str(eagle_file)}}
+    assert sorted(cal.propose_s) == ["1/1", "1/2", "2/1", "2/2"] and min(cal.propose_s.values()) > 0
+    assert (tgt.length, tgt.rows) == (2 * len(PROMPT) - 1, 1) and tgt.record_features
+
+
 def test_save_and_load_round_trip(target3, eagle_file) -> None:
     net, cfg, ids = load_eagle(eagle_file)
     assert cfg["hidden_size"] == 32 and cfg["vocab_size"] == 16 and ids == sorted(set(range(0, 16, 2)) | {1, 3, 5, 7, 9})

@@ -169,7 +169,9 @@ def test_calibrate_on_the_tiny_pair(tiny, capsys) -> None:
               cal.ar_step_s]
     assert all(math.isfinite(v) and v > 0 for v in values)
     assert all(math.isfinite(v) and v >= 0 for v in cal.draft_fork_s.values())
-    assert all(d["n"] == 2 for d in cal.details.values()) and len(cal.details) == 4 + 2 + 1 + 1 + 2 + 2 + 6
+    assert sorted(cal.propose_s) == ["1/1", "1/2", "2/1", "2/2"] and cal.drafter == {"name": "model", "options": {}}
+    assert all(math.isfinite(v) and v > 0 for v in cal.propose_s.values())
+    assert all(d["n"] == 2 for d in cal.details.values()) and len(cal.details) == 4 + 2 + 1 + 1 + 2 + 2 + 4 + 6
     assert cal.models["target"] == model_fingerprint(target) and cal.models["draft"] == model_fingerprint(draft)
     assert cal.machine["hostname"] == machine_fingerprint()["hostname"]
     assert cal.settings["context_length"] == len(ctx) and cal.settings["repeats"] == 2
@@ -181,6 +183,44 @@ def test_calibrate_on_the_tiny_pair(tiny, capsys) -> None:
     # and the prediction runs on the measured calibration
     t = iteration_time([3, 4, 5], method="spectr", K=2, L=2, cost=cal)
     assert t.shape == (3,) and np.isfinite(t).all() and (t > 0).all()
+
+
+def test_calibrate_times_another_drafters_call(tiny) -> None:
+    """drafter="ngram": propose_s times the lookup (no model call), the prediction uses it, the file names the
+    drafter, and the sessions are left as prefilled."""
+    target, draft = tiny
+    ctx = [1 + (7 * i) % 20 for i in range(30)]  # repeats: the lookup finds matches
+    tgt, drf = target.new_session(), draft.new_session()
+    with torch.inference_mode():
+        cal = calibrate(target, draft, K_max=2, L_max=2, methods=["sd"], context_ids=ctx, repeats=2,
+                        sessions=(tgt, drf), drafter="ngram", drafter_options={"n_max": 2})
+    assert cal.drafter == {"name": "ngram", "options": {"n_max": 2}} and sorted(cal.propose_s) == ["1/1", "1/2", "2/1",
+                                                                                                  "2/2"]
+    assert (tgt.length, tgt.rows, drf.length, drf.rows) == (len(ctx) - 1, 1, len(ctx), 1)
+    t = iteration_time([3, 3], method="sd", K=1, L=2, cost=cal)
+    hand = (cal.propose_s["1/2"] + cal.target_rows_s[2] + cal.verify_s["sd/1/2"]) / cal.ar_step_s
+    np.testing.assert_allclose(t, [hand, hand], rtol=1e-12)
+    with pytest.raises(UnknownNameError, match="eagle3"):
+        calibrate(target, draft, K_max=1, L_max=1, methods=["sd"], context_ids=ctx, drafter="eagle3")
+
+
+def test_the_drafters_timed_call_replaces_the_draft_models_parts() -> None:
+    """With propose_s, (1) is (propose_s[K/L] + target(N) + verify) / ar; a (K, L) it lacks, or a non-model
+    drafter's calibration without any, is one clear error."""
+    from dataclasses import replace
+
+    cal = replace(hand_calibration(), propose_s={"2/2": 0.005, "1/2": 0.003})
+    # (0.005 + target(3) 0.014 + verify 0.0008) / 0.008; the parts (0.002 + 0.0005 + 0.0015 = 0.004) gave 2.35
+    np.testing.assert_allclose(iteration_time([3], method="spectr", K=2, L=2, cost=cal), [2.475], rtol=1e-12)
+    with pytest.raises(InvalidInputError, match=r"propose_s has no entry '2/1'"):
+        iteration_time([2], method="spectr", K=2, L=1, cost=replace(cal, verify_s={"spectr/2/1": 1e-3}))
+    lookup = replace(hand_calibration(), drafter={"name": "ngram", "options": {}})
+    with pytest.raises(InvalidInputError, match="drafter 'ngram' timed no propose call"):
+        iteration_time([3], method="sd", K=1, L=2, cost=lookup)
+    with pytest.raises(InvalidInputError, match="propose_s keys must read 'K/L'"):
+        replace(hand_calibration(), propose_s={"2": 0.001})
+    back = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert back.propose_s == cal.propose_s and back.drafter == {"name": "model", "options": {}}
 
 
 def test_calibrate_refuses_bad_arguments_before_any_work(tiny) -> None:
@@ -236,6 +276,18 @@ def test_a_file_for_other_models_is_refused(tmp_path: Path, tiny, role: str, fie
     load_calibration(path)  # without models only the machine is checked
     with pytest.raises(InvalidInputError, match=rf"models\.{role}\.{field} is 'changed' in the file.*delete it or recalibrate"):
         load_calibration(path, target=target, draft=draft)
+
+
+def test_a_file_for_another_drafter_is_refused(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    path = replace(_here_calibration(), drafter={"name": "ngram", "options": {"n_max": 3}}).save(tmp_path / "c.json")
+    load_calibration(path, drafter="ngram", drafter_options={"n_max": 3})
+    load_calibration(path)  # without a drafter it is not checked
+    with pytest.raises(InvalidInputError, match=r"drafter is \{'name': 'ngram'.*\{'name': 'model'.*delete it or"):
+        load_calibration(path, drafter="model")
+    with pytest.raises(InvalidInputError, match=r"'n_max': 3.*'n_max': 2"):
+        load_calibration(path, drafter="ngram", drafter_options={"n_max": 2})
 
 
 def test_a_file_for_another_pair_is_refused(tmp_path: Path, tiny) -> None:

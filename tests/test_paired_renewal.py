@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from mdv.errors import InvalidInputError
-from mdv.paired.renewal import cap_factor, emitted_law, expected_iterations, expected_iterations_reference
+from mdv.paired.renewal import (cap_factor, emitted_law, expected_iterations, expected_iterations_reference,
+                                iteration_starts, iterations_given_output, iterations_given_output_reference,
+                                kseq_survival, kseq_survival_reference)
 
 
 def _random_law(rng: np.random.Generator, size: int, zeros: bool) -> np.ndarray:
@@ -79,3 +81,100 @@ def test_emitted_law_from_tail_probabilities() -> None:
 def test_bad_input_is_one_clear_error(law, n, hint: str) -> None:
     with pytest.raises(InvalidInputError, match=hint.replace("(", r"\(").replace(")", r"\)")):
         expected_iterations(law, n)
+
+
+# ------------------------------------------------------------------ where real iterations start, given the output
+def _random_survival(rng: np.random.Generator, n: int, K_max: int) -> np.ndarray:
+    T = np.zeros((n, K_max, K_max + 1))  # [n, K_max, K_max+1]
+    for k in range(1, K_max + 1):
+        w = rng.random((n, k + 1))
+        w[rng.random((n, k + 1)) < 0.3] = 0.0
+        w[:, 0] += 1e-3 * (w.sum(1) == 0)
+        T[:, k - 1, :k + 1] = w / w.sum(1, keepdims=True)
+    return T
+
+
+def test_iteration_starts_equal_the_enumeration_of_survivor_paths() -> None:
+    """(4) forward over positions against the backward walk over every path of survivor counts, on a grid
+    of random survival laws drawn here (with zeros), K = 1..3, L = 1..3."""
+    rng = np.random.default_rng()
+    for _ in range(150):
+        n, L, K = int(rng.integers(1, 8)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        T = _random_survival(rng, n, K + int(rng.integers(0, 2)))
+        assert iterations_given_output(T, L, K) == pytest.approx(iterations_given_output_reference(T, L, K), abs=1e-12)
+        starts = iteration_starts(T, L, K)
+        assert starts[0] == 1.0 and ((starts >= 0) & (starts <= 1 + 1e-12)).all()
+
+
+def test_iteration_starts_at_the_extremes() -> None:
+    """Every draft accepted: iterations of L + 1 tokens (the ceiling); none: one token each."""
+    every = np.zeros((10, 1, 2))
+    every[:, 0, 1] = 1.0
+    assert iterations_given_output(every, 3) == 3.0  # 4 + 4 + 2 tokens
+    np.testing.assert_array_equal(iteration_starts(every, 3), [1, 0, 0, 0, 1, 0, 0, 0, 1, 0])
+    none = np.zeros((10, 1, 2))
+    none[:, 0, 0] = 1.0
+    assert iterations_given_output(none, 3) == 10.0
+    with pytest.raises(InvalidInputError, match="survival must be"):
+        iterations_given_output(np.ones((3, 1, 3)), 2)
+    with pytest.raises(InvalidInputError, match="K_max >= K = 2"):
+        iterations_given_output(every, 2, K=2)
+
+
+@pytest.mark.parametrize("zeros", [False, True])
+def test_kseq_survival_equals_the_enumeration_of_draft_tuples(zeros: bool) -> None:
+    """(5) against enumerating every k-tuple of draft tokens through K-SEQ's own tests and residual
+    (mdv.verify.spectr), k = 1..3, V = 2..4; every row a law; at k = 1 it is sd's [1 - a, a]."""
+    import torch
+
+    g = torch.Generator().manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    for _ in range(40):
+        V = int(torch.randint(2, 5, (1,), generator=g))
+        p = torch.rand(V, generator=g, dtype=torch.float64) ** 3
+        q = torch.rand(V, generator=g, dtype=torch.float64) ** 3
+        if zeros:
+            q[int(torch.randint(0, V, (1,), generator=g))] = 0.0
+        p, q = p / p.sum(), q / q.sum()
+        y = int(torch.multinomial(p, 1, generator=g))
+        T = kseq_survival(p[None], q[None], torch.tensor([y]), 3)[0]  # [3, 4]
+        for k in range(1, 4):
+            np.testing.assert_allclose(T[k - 1, :k + 1].numpy(), kseq_survival_reference(p, q, y, k), atol=1e-12)
+            assert float(T[k - 1].sum()) == pytest.approx(1.0, abs=1e-12) and float(T[k - 1, k + 1:].abs().sum()) == 0
+        a = min(1.0, float(q[y] / p[y]))
+        np.testing.assert_allclose(T[0, :2].numpy(), [1 - a, a], atol=1e-12)
+
+
+@pytest.mark.parametrize("method,K", [("sd", 1), ("spectr", 2)])
+def test_real_runs_count_the_iterations_predicted_along_target_trajectories(method: str, K: int) -> None:
+    """On a tiny random pair: the mean of E[N | x] over target trajectories x (survival_along, (4)) equals the
+    mean number of iterations of real mdv.generate runs of the same length (z-test, level 1e-3).  The test
+    tells rules apart: counting spectr's K = 2 runs with the K = 1 law gives z = -4.8 at this size."""
+    import torch
+
+    from mdv.drafters.registry import get_drafter
+    from mdv.engine import generate
+    from mdv.models.sampling import SamplingConfig
+    from mdv.paired.trajectory import survival_along
+    from tests.test_hf_model import tiny_pair
+
+    target, draft = tiny_pair(vocab_size=12, seed=3, noise=1.0, scale=8.0)
+    prompt, n, L, T = [1, 4, 2, 7], 10, 3, 0.7
+    sampling = SamplingConfig(T)
+    drafter = get_drafter("model")
+    drafter.bind(target, draft)
+    predicted, real = [], []
+    with torch.inference_mode():
+        for s in range(300):
+            x = generate(target, None, prompt, "ar", temperature=T, max_new_tokens=n, seed=s, eos_token_id=[]).tokens
+            logits = target.new_session().extend(torch.tensor([prompt + x[:-1]]))[0, len(prompt) - 1:]  # [n, V]
+            laws = list(sampling.probs(logits))
+            predicted.append(iterations_given_output(np.array(survival_along(drafter, prompt, x, laws, sampling, K)),
+                                                     L, K))
+            r = generate(target, draft, prompt, method, K=K, L=L, temperature=T, max_new_tokens=n, seed=10_000 + s,
+                         eos_token_id=[])
+            real.append(r.stats["target_calls"])
+    predicted, real = np.array(predicted), np.array(real, dtype=np.float64)
+    se = math.sqrt(predicted.var(ddof=1) / predicted.size + real.var(ddof=1) / real.size)
+    z = (real.mean() - predicted.mean()) / se
+    assert abs(z) < 3.29, (real.mean(), predicted.mean(), z)  # two-sided, level 1e-3
+    assert 1.5 < real.mean() < n - 0.5  # the check is not trivial: iterations of several tokens, not all

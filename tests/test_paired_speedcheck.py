@@ -144,7 +144,9 @@ def test_report_prediction_cuts_the_last_iteration(tmp_path: Path) -> None:
                                                                   "spectr/2/1": 1e-3, "spectr/2/2": 1e-3},
                       ar_step_s=0.1)
     check = read_check(paired_dir(cfg.results_dir) / FILE)
-    rows = sr_check_rows(data, cal, A.check_speedups(check, A.Options(n_boot=200)), A.Options(n_boot=200))
+    measured = A.check_speedups(check, A.Options(n_boot=200))
+    data.survival = {}  # records made before the survival laws were stored: the per-context mean, cut
+    rows = sr_check_rows(data, cal, measured, A.Options(n_boot=200))
     assert {(r["method"], r["K"], r["L"]) for r in rows} == {("sd", 1, 1), ("sd", 1, 2), ("spectr", 2, 1),
                                                              ("spectr", 2, 2)}
     for r in rows:
@@ -155,6 +157,40 @@ def test_report_prediction_cuts_the_last_iteration(tmp_path: Path) -> None:
         # the pooled law's mean is the mean block efficiency
         assert float(law @ np.arange(1, r["L"] + 2)) == pytest.approx(float(np.mean(data.be(r["method"], r["K"],
                                                                                             r["L"]))))
+        assert r["tokens"] == "per-context mean"
+
+
+def test_report_prediction_counts_real_iterations_along_the_trajectories(tmp_path: Path) -> None:
+    """sd and spectr rows with survival laws: tokens per iteration = sum n / sum E[N | x] over the checked
+    prompts, time per iteration = the contexts' times weighted by P(an iteration starts there), by hand."""
+    from mdv.paired.cost import Calibration, iteration_time
+    from mdv.paired.renewal import iteration_starts
+    from mdv.paired.report import sr_check_rows
+
+    cfg = run_config(tmp_path)
+    run_paired(cfg)
+    data = A.collect(load_records(cfg.results_dir))[0]
+    assert set(data.survival) == set(data.clusters) and data.offsets.shape == data.clusters.shape
+    cal = Calibration(machine={}, models={}, target_s={1: 0.1, 5: 0.15}, draft_first_s=0.01,
+                      draft_step_s={1: 0.01, 2: 0.012}, verify_s={f"{m}/{k}/{l}": 1e-3 for m, k in
+                                                                  (("sd", 1), ("spectr", 2)) for l in (1, 2)},
+                      ar_step_s=0.1)
+    check = read_check(paired_dir(cfg.results_dir) / FILE)
+    rows = sr_check_rows(data, cal, A.check_speedups(check, A.Options(n_boot=200)), A.Options(n_boot=200))
+    assert {r["tokens"] for r in rows} == {"along trajectories"} and len(rows) == 4
+    for r in rows:
+        m, K, L = r["method"], r["K"], r["L"]
+        tokens, iters, seconds = 0.0, 0.0, 0.0
+        for c in sorted(set(data.clusters)):
+            n = min(6, data.survival[c].shape[0])
+            starts = iteration_starts(data.survival[c][:n], L, K)
+            at = (data.clusters == c) & (data.offsets < n)
+            t = iteration_time(data.nodes[at, K - 1, L - 1], method=m, K=K, L=L, cost=cal)
+            w = starts[data.offsets[at]]
+            tokens, iters, seconds = tokens + n, iters + starts.sum(), seconds + starts.sum() * (w @ t) / w.sum()
+        assert r["tokens_predicted"] == pytest.approx(tokens / iters)
+        assert r["time_predicted"] == pytest.approx(seconds / iters)
+        assert r["predicted"] == pytest.approx(tokens / seconds)
 
 
 def test_calibration_context_has_the_median_length_of_the_checked_runs(tmp_path: Path) -> None:
@@ -202,3 +238,41 @@ def test_spread_rounds_runs_every_round_once_in_order() -> None:
         for r in range(R):
             hook(r, R)
         assert fake.order == list(range(J)), (J, R)
+
+
+def test_another_drafter_gets_its_own_calibration_check_and_prediction(tmp_path: Path) -> None:
+    """paired.drafter=ngram beside the draft model in one folder: the calibration times the lookup's call and
+    the check generates with it, each into a file of its own (the model's files are left as they were), and
+    the report predicts and checks the ngram setting's speedups from those."""
+    from mdv.paired.cost import Calibration
+    from mdv.paired.report import analyze_results
+
+    model_cfg = run_config(tmp_path)
+    model_cfg.paired.calibrate, model_cfg.paired.calibration_repeats = True, 1
+    run_paired(model_cfg)
+    out = paired_dir(model_cfg.results_dir)
+    before = {name: (out / name).stat().st_mtime_ns for name in ("calibration.json", FILE)}
+    ngram_cfg = run_config(tmp_path)
+    ngram_cfg.paired.drafter, ngram_cfg.paired.drafter_options = "ngram", {"n_max": 2}
+    ngram_cfg.paired.calibrate, ngram_cfg.paired.calibration_repeats = True, 1
+    rep = run_paired(ngram_cfg)
+    assert {name: (out / name).stat().st_mtime_ns for name in before} == before
+    assert rep.calibration == out / "calibration.ngram.json" and rep.speed_check == out / "speedcheck.ngram.json"
+    cal = Calibration.from_dict(json.loads(rep.calibration.read_text()))
+    assert cal.drafter == {"name": "ngram", "options": {"n_max": 2}} and sorted(cal.propose_s) == ["1/1", "1/2", "2/1",
+                                                                                                  "2/2"]
+    model_cal = Calibration.from_dict(json.loads((out / "calibration.json").read_text()))
+    assert model_cal.drafter["name"] == "model" and sorted(model_cal.propose_s) == sorted(cal.propose_s)
+    check = read_check(rep.speed_check)
+    assert check["settings"]["drafter"] == "ngram" and check["settings"]["drafter_options"] == {"n_max": 2}
+    assert {g["stats"].get("drafter") for g in check["generations"] if g["method"] != "ar"} == {"ngram"}
+    assert read_check(out / FILE)["settings"]["drafter"] == "model"
+    again = {p: p.stat().st_mtime_ns for p in (rep.calibration, rep.speed_check)}
+    run_paired(ngram_cfg)  # everything current: nothing is timed again
+    assert {p: p.stat().st_mtime_ns for p in again} == again
+    analyze_results(ngram_cfg.results_dir, tmp_path / "report", warn=lambda s: None)
+    md = (tmp_path / "report" / "paired_report.md").read_text()
+    setting2 = md[md.index("drafter ngram"):]
+    assert "calibrated (this machine)" in setting2 and "the ngram drafter's call at L = 2" in setting2
+    assert "paired/speedcheck.ngram.json" in setting2 and "| spectr | 2 | 2 |" in setting2
+    assert "paired/speedcheck.json" in md[:md.index("drafter ngram")]

@@ -60,6 +60,9 @@ class PairedData:
 
     etau[m]: [n, K_max, L_max]; reach[m]: [n, K_max, L_max, L_max] (P(tau ≥ i) at (K, L), NaN for i > L); alpha: [n, K_max];
     nodes: [n, K_max, L_max]; datasets, clusters: [n] labels (a cluster is one prompt's trajectory).
+    survival: cluster -> [tokens, K_max, K_max + 1] where real sd / spectr iterations end along its
+    trajectory (:func:`mdv.paired.trajectory.survival_along`; records made before it was stored have none);
+    offsets: [n] each context's position in its trajectory.
     """
 
     setting: dict[str, Any]
@@ -79,6 +82,8 @@ class PairedData:
     environments: list[dict[str, Any]] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)
     n_records: int = 0
+    survival: dict[str, np.ndarray] = field(default_factory=dict)
+    offsets: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))  # [n] tokens into the trajectory
 
     @property
     def n(self) -> int:
@@ -118,7 +123,9 @@ class PairedData:
                           {m: v[mask] for m, v in self.etau.items()}, {m: v[mask] for m, v in self.reach.items()},
                           self.alpha[mask], self.nodes[mask], self.dataset_keys[mask],
                           {m: v[mask] for m, v in self.first_token.items()}, self.optimum_draws, self.timing,
-                          self.environments, self.models, self.n_records)
+                          self.environments, self.models, self.n_records,
+                          {c: a for c, a in self.survival.items() if c in set(self.clusters[mask])},
+                          self.offsets[mask] if self.offsets.size else self.offsets)
 
 
 def _nan(x: Any) -> float:
@@ -139,19 +146,23 @@ def collect(records: Sequence[dict[str, Any]]) -> list[PairedData]:
     out = []
     for key, recs in groups.items():
         models, T, top_k, top_p, K_max, L_max, methods, optimum_draws, drafter = key
-        datasets, keys, clusters, alpha, nodes = [], [], [], [], []
+        datasets, keys, clusters, alpha, nodes, offsets = [], [], [], [], [], []
         etau: dict[str, list] = {m: [] for m in methods}
         reach: dict[str, list] = {m: [] for m in methods}
         first: dict[str, list] = {m: [] for m in methods}
         timing: dict[str, float] = {}
+        survival: dict[str, np.ndarray] = {}
         for r in recs:
             c = r["config"]
             cluster = f"{c['dataset']}/{r['prompt_index']}/s{c['seed']}"
+            if r["trajectory"].get("survival"):
+                survival[cluster] = np.array(r["trajectory"]["survival"], dtype=np.float64)
             for ctx in r["contexts"]:
                 datasets.append(str(r.get("dataset", {}).get("label", c["dataset"])))
                 keys.append(str(c["dataset"]))
                 clusters.append(cluster)
                 alpha.append(ctx["alpha_star"])
+                offsets.append(int(ctx["offset"]))
                 nodes.append(ctx["nodes"])
                 for m in methods:
                     etau[m].append([[_nan(x) for x in row] for row in ctx["etau"][m]])
@@ -176,7 +187,7 @@ def collect(records: Sequence[dict[str, Any]]) -> list[PairedData]:
             first_token={m: np.array(v, dtype=np.float64) for m, v in first.items()} if optimum_draws else {},
             optimum_draws=optimum_draws, timing=timing,
             environments=[r.get("environment", {}) for r in recs], models=dict(recs[0].get("models", {})),
-            n_records=len(recs)))
+            n_records=len(recs), survival=survival, offsets=np.array(offsets, dtype=np.int64)))
     return out
 
 
@@ -493,7 +504,7 @@ def measured_speedups(cells: Sequence[Any], setting: dict[str, Any], opts: Optio
 def check_matches(check: dict[str, Any], setting: dict[str, Any]) -> bool:
     """Whether a speed check (:mod:`mdv.paired.speedcheck`) ran at this paired setting (models, T, top-k/p)."""
     s = check.get("settings", {})
-    return (setting.get("drafter", "model") == "model"  # the speed check generates with the draft model
+    return (s.get("drafter", "model") == setting.get("drafter", "model")  # checks older than the field: the model
             and str(s.get("models")) == str(setting["models"])
             and abs(float(s.get("temperature", float("nan"))) - float(setting["temperature"])) <= 1e-9
             and s.get("top_k") == setting.get("top_k") and s.get("top_p") == setting.get("top_p"))

@@ -48,15 +48,16 @@ class PairedConfig:
     (default: every registered one).  delta: the equivalence margin of the verdicts, in tokens per
     iteration.  level, n_boot: confidence level and bootstrap resamples.  headline_K / headline_L: where
     the ordering claim is read (clipped to K_max / L_max).  calibrate: time this machine's passes for the
-    speedup prediction (``calibration.json``, reused when it matches the machine and models).
+    speedup prediction (``calibration.json``, reused when it matches the machine, models and drafter).
     cost_profiles: names in ``mdv/conf/cost/`` or YAML paths of hardware profiles to predict speedups for.
     workers: processes that measure prompts at once (each loads the models and takes one torch thread; the
     per-record locks share the work).  The sweep's timed cells and the calibration run before, alone.
     calibration: a calibration file to use instead of calibrating (refused when it was made on another
     machine or for other models).  speed_check: the real generations that check the predicted speedups
-    (:class:`SpeedCheckConfig`).  drafter, drafter_options: who proposes the drafts (:mod:`mdv.drafters`;
-    the cost model and the speed check time the pair's draft model, so another drafter needs
-    ``calibrate=false`` and ``speed_check.enabled=false``).
+    (:class:`SpeedCheckConfig`).  drafter, drafter_options: who proposes the drafts (:mod:`mdv.drafters`);
+    the calibration times that drafter's call and the speed check generates with it, each into a file of
+    its own (``calibration.<drafter>.json``, ``speedcheck.<drafter>.json``; the draft model's keep the
+    plain names).
     """
 
     enabled: bool = False
@@ -124,11 +125,6 @@ def validate_paired(cfg: PairedConfig) -> None:
     from mdv.drafters.registry import get_drafter
 
     get_drafter(cfg.drafter, **dict(cfg.drafter_options or {}))  # an unknown name or option: one line, now
-    if cfg.drafter != "model" and (cfg.calibrate or cfg.calibration is not None or cfg.speed_check.enabled):
-        raise InvalidInputError(
-            f"paired.drafter={cfg.drafter}: the cost model and the speed check time the pair's draft model, not this"
-            " drafter, so the speedups they predict would be wrong; set paired.calibrate=false, paired.calibration=null"
-            " and paired.speed_check.enabled=false (the block efficiencies and verdicts need neither)")
     check = cfg.speed_check
     if check.enabled:
         _pos_int("speed_check.n_prompts", check.n_prompts)

@@ -2,8 +2,9 @@
 
 A speculative iteration (:mod:`mdv.engine`) costs
 
-1. **draft**: one ``extend`` of the pending token in one row, ``fork(K)`` (and, at the end of the
-   iteration, ``keep(sel)``), then L − 1 ``extend`` steps over K rows;
+1. **draft**: the drafter's ``propose(seq, K, L)`` and ``commit`` (for the draft model: one ``extend`` of
+   the pending token in one row, ``fork(K)``, L − 1 ``extend`` steps over K rows, the laws [K, L, V] and,
+   at the end of the iteration, ``keep(sel)``; for ``ngram`` a lookup; for ``eagle`` its layer's steps);
 2. **target**: ONE token-tree pass over the N nodes of ``build_tree(pending, drafts)`` -- the pending
    root plus every distinct draft prefix, so L + 1 <= N <= K·L + 1 -- then ``keep_nodes`` of the kept path
    (at K = 1 the engine scores the draft as one row instead, ``target_pass="rows"``: ``target_rows_s[L]``
@@ -14,12 +15,14 @@ A speculative iteration (:mod:`mdv.engine`) costs
 In units of one autoregressive (AR) step of the target (one ``extend`` of one token: the cost of one
 token of the AR baseline) the iteration takes
 
-    t(m, K, L, N) = [draft_first_s + draft_fork_s[K] + (L − 1)·draft_step_s[K] + target_s(N)
-                     + verify_s[m/K/L]] / ar_step_s                                                (1)
+    t(m, K, L, N) = [propose_s[K/L] + target_s(N) + verify_s[m/K/L]] / ar_step_s                    (1)
 
-where ``draft_fork_s[K]`` is the cache copy of ``fork(K)`` + ``keep`` (O(context), 0 at K = 1 and small
-next to a step on short contexts; a fixture without it reads 0 and (1) is then exactly
-``[draft_first + (L − 1)·draft_step[K] + target(N) + verify] / ar``).  Every iteration emits
+where ``propose_s[K/L]`` is the drafter's whole ``propose`` + ``commit``, timed as one call.  A calibration
+made before that was timed (no ``propose_s``) prices the draft model's parts instead,
+``draft_first_s + draft_fork_s[K] + (L − 1)·draft_step_s[K]``, with ``draft_fork_s[K]`` the cache copy of
+``fork(K)`` + ``keep`` (O(context), 0 at K = 1; a fixture without it reads 0); those parts are still
+timed, as the breakdown of the model drafter's call (on the default pair the whole call costs 1–3 ms
+more than its parts at K = 3: the laws' float64 copy and the token bookkeeping).  Every iteration emits
 1 + tau tokens, the AR baseline one token per step, so over contexts c (each with its drafts) the
 speedup over AR is the ratio of means
 
@@ -143,6 +146,10 @@ class Calibration:
     target_rows_s:  L -> the K = 1 target pass the engine runs instead of a tree (``target_pass="rows"``:
                     ``fork(1)``, one extend of pending + L tokens, law, ``keep(0)``), L = 1..L_max ({}: the
                     tree pass of L + 1 nodes stands in, as in files made before it was timed).
+    propose_s:      "K/L" -> the drafter's ``propose(context, K, L)`` + ``commit(0, 0)``, K = 1..K_max,
+                    L = 1..L_max ({}: the draft model's parts above stand in, as in files made before it
+                    was timed).
+    drafter:        ``{"name", "options"}`` of the drafter ``propose_s`` timed (``mdv.drafters``).
     created:        ISO-8601 UTC time of the run.
     settings:       K_max, L_max, methods, context_length, repeats, sampling of the run.
     details:        measurement key -> {"median", "min", "max", "n"} in seconds (:func:`mdv.bench.timing.spread`).
@@ -157,6 +164,8 @@ class Calibration:
     ar_step_s: float
     draft_fork_s: dict[int, float] = field(default_factory=dict)
     target_rows_s: dict[int, float] = field(default_factory=dict)
+    propose_s: dict[str, float] = field(default_factory=dict)
+    drafter: dict[str, Any] = field(default_factory=lambda: {"name": "model", "options": {}})
     created: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
@@ -169,6 +178,16 @@ class Calibration:
             if not math.isfinite(v) or v < 0:
                 raise InvalidInputError(f"draft_fork_s[{k}] must be a finite number of seconds >= 0; got {v!r}")
         self.target_rows_s = _int_keys("target_rows_s", self.target_rows_s) if self.target_rows_s else {}
+        ps: dict[str, float] = {}
+        for k, v in (self.propose_s or {}).items():
+            parts = str(k).split("/")
+            if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+                raise InvalidInputError(f"propose_s keys must read 'K/L' (e.g. '3/4'); got {k!r}")
+            ps[str(k)] = _positive(f"propose_s[{k!r}]", v)
+        self.propose_s = ps
+        if not isinstance(self.drafter, Mapping) or not isinstance(self.drafter.get("name"), str):
+            raise InvalidInputError(f"drafter must be a mapping with a 'name' (and 'options'); got {self.drafter!r}")
+        self.drafter = {"name": self.drafter["name"], "options": dict(self.drafter.get("options") or {})}
         self.draft_first_s = _positive("draft_first_s", self.draft_first_s)
         self.ar_step_s = _positive("ar_step_s", self.ar_step_s)
         if not isinstance(self.verify_s, Mapping) or not self.verify_s:
@@ -205,6 +224,20 @@ class Calibration:
                 f" range [{int(xs[0])}, {int(xs[-1])}]; {_RECALIBRATE} with a larger K_max·L_max")
         return np.interp(n, xs, ys)
 
+    def draft_seconds(self, K: int, L: int) -> float:
+        """The draft part of (1): ``propose_s[K/L]``, or the draft model's parts where no call was timed."""
+        if self.propose_s:
+            key = f"{int(K)}/{int(L)}"
+            if key not in self.propose_s:
+                raise InvalidInputError(f"propose_s has no entry {key!r} (calibrated K <= {self.K_max}, L <="
+                                        f" {max(int(k.split('/')[1]) for k in self.propose_s)}); {_RECALIBRATE}"
+                                        f" with K_max >= {K}, L_max >= {L}")
+            return self.propose_s[key]
+        if self.drafter["name"] != "model":
+            raise InvalidInputError(f"this calibration of drafter {self.drafter['name']!r} timed no propose call;"
+                                    f" {_RECALIBRATE}")
+        return self.draft_first_s + self.draft_fork_s.get(K, 0.0) + (L - 1) * self.draft_step_s[K]
+
     def iteration_seconds(self, method: str, K: int, L: int, nodes: np.ndarray) -> np.ndarray:
         """Numerator of (1) in seconds, [n] -> [n]."""
         if K not in self.draft_step_s:
@@ -216,8 +249,7 @@ class Calibration:
                 f"verify_s has no entry {key!r} (calibrated: {', '.join(sorted(self.verify_s)[:8])}"
                 f"{', ...' if len(self.verify_s) > 8 else ''}); {_RECALIBRATE} with {method!r} in methods and"
                 f" K_max >= {K}, L_max >= {L}")
-        fixed = (self.draft_first_s + self.draft_fork_s.get(K, 0.0) + (L - 1) * self.draft_step_s[K]
-                 + self.verify_s[key])
+        fixed = self.draft_seconds(K, L) + self.verify_s[key]
         if K == 1 and L in self.target_rows_s:  # the engine scores one draft as a row, not a tree
             return fixed + np.full(np.shape(nodes), self.target_rows_s[L])
         return fixed + self.target_time(nodes)
@@ -230,6 +262,8 @@ class Calibration:
                 "draft_fork_s": {str(k): v for k, v in self.draft_fork_s.items()},
                 "target_s": {str(k): v for k, v in self.target_s.items()},
                 "target_rows_s": {str(k): v for k, v in self.target_rows_s.items()}, "verify_s": dict(self.verify_s),
+                "propose_s": dict(self.propose_s), "drafter": {"name": self.drafter["name"],
+                                                               "options": dict(self.drafter["options"])},
                 "settings": dict(self.settings), "details": dict(self.details)}
 
     @classmethod
@@ -247,7 +281,8 @@ class Calibration:
                    draft_first_s=d["draft_first_s"], draft_step_s=dict(d["draft_step_s"]),
                    verify_s=dict(d["verify_s"]), ar_step_s=d["ar_step_s"],
                    draft_fork_s=dict(d.get("draft_fork_s") or {}),
-                   target_rows_s=dict(d.get("target_rows_s") or {}), created=str(d.get("created", "")),
+                   target_rows_s=dict(d.get("target_rows_s") or {}), propose_s=dict(d.get("propose_s") or {}),
+                   drafter=dict(d.get("drafter") or {"name": "model", "options": {}}), created=str(d.get("created", "")),
                    settings=dict(d.get("settings") or {}), details=dict(d.get("details") or {}))
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -257,13 +292,14 @@ class Calibration:
         return write_json(Path(path), self.to_dict())
 
 
-def load_calibration(path: str | os.PathLike[str], *, target: Any = None, draft: Any = None) -> Calibration:
+def load_calibration(path: str | os.PathLike[str], *, target: Any = None, draft: Any = None,
+                     drafter: str | None = None, drafter_options: Mapping[str, Any] | None = None) -> Calibration:
     """Read a calibration written by :meth:`Calibration.save`, refusing one that does not apply here.
 
     Checked: the machine's ``hostname``, ``cpu`` and ``torch_threads`` always, its ``device`` when
-    ``target`` is given (the target's device), and the :func:`model_fingerprint` of ``target`` /
-    ``draft`` when given.  A difference raises :class:`InvalidInputError` in one line naming the field,
-    both values and the fix.  A missing file raises :class:`MissingAssetError`."""
+    ``target`` is given (the target's device), the :func:`model_fingerprint` of ``target`` / ``draft``
+    when given, and the drafter's name and options when ``drafter`` is given.  A difference raises
+    :class:`InvalidInputError` in one line naming the field, both values and the fix.  A missing file raises :class:`MissingAssetError`."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -293,6 +329,10 @@ def load_calibration(path: str | os.PathLike[str], *, target: Any = None, draft:
         for f, v in mine.items():
             if theirs.get(f) != v:
                 raise refuse(f"models.{role}.{f}", theirs.get(f), v)
+    if drafter is not None:
+        mine = {"name": str(drafter), "options": dict(drafter_options or {})}
+        if cal.drafter != mine:
+            raise refuse("drafter", cal.drafter, mine)
     return cal
 
 
@@ -475,7 +515,8 @@ class _Probe:
 def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Sequence[str],
               context_ids: Sequence[int], repeats: int = 5, progress: bool = False,
               sampling: Any = None, seed: int = 0, sessions: tuple[Any, Any] | None = None,
-              between_rounds: Callable[[int, int], None] | None = None) -> Calibration:
+              between_rounds: Callable[[int, int], None] | None = None, drafter: str = "model",
+              drafter_options: Mapping[str, Any] | None = None) -> Calibration:
     """Time every part of formula (1) in ONE short interleaved run; -> :class:`Calibration`.
 
     Opens a target and a draft session (:func:`mdv.models.session.open_session`, or ``sessions``: two
@@ -495,6 +536,11 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     * ``draft_first``: draft extend of the pending token in one row + law + draw;
     * ``draft_step/K``: draft extend of K rows (after an untimed fork) + laws + K draws, K = 1..K_max;
     * ``draft_fork/K``: fork(K) + keep(0) of the draft cache;
+    * ``propose/K/L``: the drafter's (``drafter``, ``drafter_options``: :mod:`mdv.drafters`) ``propose`` of
+      K blocks of L tokens after the context + ``commit(0, 0)``, then an untimed ``rewind`` to the
+      prefilled state; K = 1..K_max, L = 1..L_max.  A drafter that reads the target's features
+      (``eagle``) gets the prefill's, and the target records features in every pass but the AR unit's, as
+      in the engine;
     * ``verify/m/K/L``: ``VERIFIERS[m]()`` (reset before each call) ``.step`` on the K×L slice of one
       :func:`mdv.bench.verifier.synthetic_block` over the target's V, after the engine's per-iteration O(K·L)
       checks; single-draft methods at K = 1 only.
@@ -507,7 +553,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     On return the sessions hold ``len(context_ids) − 1`` (target) and ``len(context_ids)`` (draft)
     tokens in one row, as after the prefill.
 
-    Cost: (1 + repeats) × (#node counts + 2 + 2·K_max + #verify cells) timed calls.  Measured on a
+    Cost: (1 + repeats) × (#node counts + L_max + 2 + 2·K_max + K_max·L_max + #verify cells) timed calls.  Measured on a
     shared 2-core Xeon CPU: the tiny random pair (K_max = L_max = 2, sd + spectr, repeats = 2) ~0.4 s; the
     default pair (SmolLM2-135M target + its 3-layer draft, float32), K_max = 4, L_max = 8, all six
     methods (120 verify cells), 128 context tokens, repeats = 5: 10.8 s with 1 torch thread at load
@@ -521,6 +567,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     from mdv.bench.timing import spread, sync_for, time_call
     from mdv.bench.verifier import synthetic_block
     from mdv.drafters.model import check_pair
+    from mdv.drafters.registry import get_drafter
     from mdv.engine import check_prompt_fits, max_context, score_drafts
     from mdv.models.base import check_token_ids
     from mdv.models.sampling import SamplingConfig
@@ -538,6 +585,10 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     for m in methods:
         if m not in VERIFIERS:
             raise unknown_name("method", m, list(VERIFIERS))
+    drafter_options = dict(drafter_options or {})
+    drf_rule = get_drafter(drafter, **drafter_options)  # an unknown name or option: one line, before any work
+    if drf_rule.bind(target, draft) != V:  # pragma: no cover - bind checks the target check_pair checked
+        raise InvalidInputError(f"drafter {drafter!r} drafts over another vocabulary than the target's {V}")
     ctx = check_token_ids("context_ids", context_ids, V)
     check_prompt_fits(len(ctx), max_context(target, draft), K_max * L_max + 1)
     sampling = sampling if sampling is not None else SamplingConfig()
@@ -558,9 +609,18 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     pend_d = torch.tensor([[pending]], dtype=torch.long, device=drf.device)
 
     probes: list[_Probe] = []
+    features = drf_rule.uses_target_features
+    if features and not hasattr(tgt, "record_features"):
+        raise InvalidInputError(f"drafter {drafter!r} reads the target's hidden states, but the target's session"
+                                f" ({type(tgt).__name__}) cannot record them; use an HFModel target")
     with torch.inference_mode():
+        if features:
+            tgt.record_features = True
         tgt.prefill(ctx[:-1])
         drf.prefill(ctx)
+        drf_rule.prefill(ctx)
+        if features and n0:
+            drf_rule.observe_target(tgt.last_features[0])  # [n0, d]
 
         # ------------------------------------------------------------ target tree passes and the AR unit
         n_max = K_max * L_max + 1
@@ -588,7 +648,16 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
             p = sampling.probs(tgt.extend(pend_t)[:, -1])  # [1, V]
             categorical(p, torch.rand(1, generator=vgen, dtype=torch.float64, device=dev))
 
-        probes.append(_Probe("ar", ar_run, restore=lambda: tgt.crop(n0)))
+        def ar_restore() -> None:
+            tgt.crop(n0)
+            if features:
+                tgt.record_features = True
+
+        def ar_setup() -> None:  # the AR baseline records no features
+            if features:
+                tgt.record_features = False
+
+        probes.append(_Probe("ar", ar_run, setup=ar_setup, restore=ar_restore))
 
         # ------------------------------------------------------------ draft
         def d_first() -> None:
@@ -614,6 +683,15 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
                 drf.keep(0)
 
             probes.append(_Probe(f"draft_fork/{K}", d_fork))
+
+        # ------------------------------------------------------------ the drafter's whole call
+        for K in range(1, K_max + 1):
+            for L in range(1, L_max + 1):
+                def p_run(K=K, L=L) -> None:
+                    drf_rule.propose(ctx, K, L, sampling, vgen)  # tokens [K, L], q [K, L, V]
+                    drf_rule.commit(0, 0)
+
+                probes.append(_Probe(f"propose/{K}/{L}", p_run, restore=lambda: drf_rule.rewind(n0)))
 
         # ------------------------------------------------------------ verifiers on synthetic blocks of V
         big = synthetic_block(V, K_max, L_max, generator=torch.Generator(device=dev).manual_seed(int(seed) + 2),
@@ -666,7 +744,8 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
         target_s={int(k): v for k, v in sub("target/").items()}, draft_first_s=med["draft_first"],
         draft_step_s={int(k): v for k, v in sub("draft_step/").items()}, verify_s=sub("verify/"),
         ar_step_s=med["ar"], draft_fork_s={int(k): max(v, 0.0) for k, v in sub("draft_fork/").items()},
-        target_rows_s={int(k): v for k, v in sub("target_rows/").items()},
+        target_rows_s={int(k): v for k, v in sub("target_rows/").items()}, propose_s=sub("propose/"),
+        drafter={"name": drafter, "options": drafter_options},
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         settings={"K_max": K_max, "L_max": L_max, "methods": list(methods), "context_length": len(ctx),
                   "repeats": int(repeats), "warmup_rounds": 1, "node_counts": measured_node_counts(n_max),

@@ -162,7 +162,7 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
     single-draft method does not run and for i > L."""
     from mdv.engine import _eos_set, max_context
     from mdv.models.sampling import SamplingConfig
-    from mdv.paired.trajectory import TreeTrajectory
+    from mdv.paired.trajectory import TreeTrajectory, survival_along
 
     K_max, L_max = cfg.K_max, cfg.L_max
     sampling = SamplingConfig(temperature, top_k, top_p)
@@ -194,8 +194,11 @@ def measure_prompt(target: Any, draft: Any, prompt_ids: Sequence[int], cfg: Pair
         if traj.stopped:
             break
     assert [c["offset"] for c in contexts] == contexts_of(len(traj.tokens), cfg.stride)
+    t0 = time.perf_counter()  # where real sd / spectr iterations would end along it (mdv.paired.renewal)
+    survival = survival_along(probe.drafter, prompt_ids, traj.tokens, traj.laws, sampling, K_max)
+    timing.trajectory_s += time.perf_counter() - t0
     return {"trajectory": {"seed": int(seed), "tokens": [int(t) for t in traj.tokens],
-                           "target_steps": traj.target_steps, "reused_laws": traj.reused},
+                           "target_steps": traj.target_steps, "reused_laws": traj.reused, "survival": survival},
             "draft_seed": int(seed) + DRAFT_SEED_OFFSET, "contexts": contexts, "timing": asdict(timing)}
 
 
@@ -270,11 +273,12 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     prompt_sets: dict[str, Any] = {}
     formatted: dict[str, list[list[int]]] = {}
     models = None
+    from mdv.paired.records import calibration_file
     from mdv.paired.speedcheck import check_is_current, finish_speed_check, start_speed_check
 
     check_todo = not check_is_current(run_cfg, out, datasets)
     if pending or check_todo or (cfg.calibration is not None
-                                 or (cfg.calibrate and not (out / CALIBRATION_FILE).exists())):
+                                 or (cfg.calibrate and not (out / calibration_file(cfg.drafter)).exists())):
         from mdv.drafters.model import check_pair
 
         loader = loader or import_callable(run_cfg.dataset.loader, "dataset.loader")
@@ -291,7 +295,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
                                                        cfg.L_max + cfg.n_tokens)
     # the calibration and the speed check, interleaved, before any helper starts
     pending_check = start_speed_check(run_cfg, out, models, formatted, datasets)
-    calibration_file = prepare_calibration(run_cfg, out, models, formatted, check=pending_check)
+    calibration_path = prepare_calibration(run_cfg, out, models, formatted, check=pending_check)
     check_file = finish_speed_check(run_cfg, out, models, pending_check)
     skipped = [rid for *_, rid in todo if rid in done]
     from mdv.tracking import NullTracker
@@ -375,10 +379,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
                                                headline_L=cfg.headline_L, cost_profiles=cfg.cost_profiles,
                                                opts=options_of(cfg)))
     return PairedReport(Path(run_cfg.results_dir), [t[-1] for t in todo], skipped, ok, failed, busy,
-                        time.perf_counter() - t_start, calibration_file, check_file)
-
-
-CALIBRATION_FILE = "calibration.json"
+                        time.perf_counter() - t_start, calibration_path, check_file)
 
 
 def _helper_main(run_cfg: Any) -> None:
@@ -440,7 +441,8 @@ def calibration_context(run_cfg: Any, formatted: dict[str, list[list[int]]]) -> 
 
 def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]],
                         check: Any = None) -> Optional[Path]:
-    """The calibration the report predicts speedups with, as ``<out>/calibration.json``.
+    """The calibration the report predicts speedups with, as ``<out>/calibration.json`` (for the draft model;
+    ``calibration.<drafter>.json`` for another ``paired.drafter``, whose call it times).
 
     ``paired.calibration`` (a file): loaded and checked against this machine and models (a mismatch is
     one :class:`~mdv.errors.InvalidInputError`), copied there.  Else, with ``paired.calibrate``: an
@@ -453,12 +455,14 @@ def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[st
     """
     from mdv.models.sampling import SamplingConfig
     from mdv.paired.cost import calibrate, load_calibration
+    from mdv.paired.records import calibration_file
     from mdv.paired.speedcheck import spread_rounds
 
     cfg: PairedConfig = run_cfg.paired
-    path = out / CALIBRATION_FILE
+    path = out / calibration_file(cfg.drafter)
+    drafter = {"drafter": cfg.drafter, "drafter_options": dict(cfg.drafter_options or {})}
     if cfg.calibration is not None:
-        cal = load_calibration(cfg.calibration, target=models.target, draft=models.draft)
+        cal = load_calibration(cfg.calibration, target=models.target, draft=models.draft, **drafter)
         cal.save(path)
         return path
     if not cfg.calibrate:
@@ -467,8 +471,10 @@ def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[st
         return path
     context = calibration_context(run_cfg, formatted)
     try:
-        old = load_calibration(path, target=models.target, draft=models.draft)
-        if old.settings.get("context_length") != len(context):
+        old = load_calibration(path, target=models.target, draft=models.draft, **drafter)
+        if not old.propose_s:
+            log.warning("recalibrating: the stored calibration timed no drafter call (made by an older mdv)")
+        elif old.settings.get("context_length") != len(context):
             log.warning("recalibrating: the stored calibration was timed at a %s-token context, this run's"
                         " contexts call for %d", old.settings.get("context_length"), len(context))
         elif check is not None:
@@ -484,7 +490,7 @@ def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[st
     cal = calibrate(models.target, models.draft, K_max=cfg.K_max, L_max=cfg.L_max, methods=cfg.methods,
                     context_ids=context, repeats=cfg.calibration_repeats, progress=run_cfg.progress,
                     sampling=SamplingConfig(T, run_cfg.sampling.top_k, run_cfg.sampling.top_p),
-                    between_rounds=spread_rounds(check.runner) if check is not None else None)
+                    between_rounds=spread_rounds(check.runner) if check is not None else None, **drafter)
     cal.save(path)
     return path
 

@@ -46,6 +46,20 @@ def read_record(path: Path) -> Optional[dict[str, Any]]:
     return data
 
 
+def drafter_file(stem: str, drafter: str = "model") -> str:
+    """The name of a per-drafter file of ``<results_dir>/paired``: ``<stem>.json`` for the draft model (the
+    default drafter: the name files had before drafters were an axis), ``<stem>.<drafter>.json`` for another,
+    so the runs of two drafters in one folder keep a calibration and a speed check each."""
+    from mdv.drafters.base import DEFAULT_DRAFTER
+
+    return f"{stem}.json" if drafter == DEFAULT_DRAFTER else f"{stem}.{drafter}.json"
+
+
+def calibration_file(drafter: str = "model") -> str:
+    """``calibration.json`` (the draft model) or ``calibration.<drafter>.json``: one per drafter."""
+    return drafter_file("calibration", drafter)
+
+
 def load_records(results_dir: str | Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every finished record under ``<results_dir>/paired``; unreadable or failed files are named by
     ``warn`` and left out."""
@@ -61,4 +75,4 @@ def load_records(results_dir: str | Path, warn: Callable[[str], None] | None = N
     return out
 
 
-__all__ = ["SCHEMA", "load_records", "paired_dir", "read_record", "record_config", "record_id"]
+__all__ = ["SCHEMA", "calibration_file", "drafter_file", "load_records", "paired_dir", "read_record", "record_config", "record_id"]

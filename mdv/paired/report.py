@@ -255,6 +255,11 @@ def _per_dataset_md(data: A.PairedData, rows: Sequence[dict[str, Any]], K: int, 
     return lines
 
 
+#: Methods whose real iterations are counted exactly along the target trajectories (token-level K-SEQ:
+#: ``sd`` is its k = 1); block verifiers (bv, gbv, mdbv, mpbv) end iterations by another law.
+ALONG_TRAJECTORIES = ("sd", "spectr")
+
+
 def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.MeasuredSpeedup], opts: A.Options
                   ) -> list[dict[str, Any]]:
     """Predicted vs measured SR for every (method, K, L) with real generations.  The prediction uses the
@@ -262,9 +267,19 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
     the last iteration of a run of the generations' length (:func:`mdv.paired.renewal.cap_factor` of the
     pooled per-iteration law; the factor is a plug-in, its own sampling error left out of the CI).  SR is
     split into tokens per iteration and time per iteration (AR steps) on both sides, so the error can be
-    placed."""
+    placed.
+
+    For ``sd`` and ``spectr`` (:data:`ALONG_TRAJECTORIES`), where every checked prompt's trajectory carries
+    where their iterations end along it (``survival``), the tokens per iteration are instead the exact count
+    of real iterations along the trajectories, n / mean E[N | x]
+    (:func:`mdv.paired.renewal.iteration_starts`), and the time per iteration is the contexts' mean weighted
+    by how often a real iteration starts at each (its tree is larger where drafts diverge): the per-context
+    mean over-predicts real runs, whose iterations start more often where acceptance is low
+    (``"tokens"``: ``"along trajectories"`` or ``"per-context mean"``; ``tokens_per_context`` keeps the
+    latter, cut, for comparison)."""
     from mdv.paired.cost import iteration_time, predict_speedup
-    from mdv.paired.renewal import cap_factor
+    from mdv.paired.renewal import cap_factor, iteration_starts
+    from mdv.paired.stats import cluster_bootstrap
 
     out = []
     for (m, K, L), meas in sorted(measured.items()):
@@ -282,15 +297,33 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
         tokens = float(np.mean(sub.be(m, k, L)))
         time_ = float(np.mean(iteration_time(sub.nodes[:, k - 1, L - 1], method=m, K=k, L=L, cost=cost)))
         e = meas.sr
-        sr = p["sr"] * cut
-        out.append({"method": m, "K": K, "L": L, "predicted": sr, "predicted_lo": p["lo"] * cut,
-                    "predicted_hi": p["hi"] * cut, "predicted_per_iteration": p["sr"], "cap_factor": cut,
+        sr, lo, hi, tokens_pred, source = p["sr"] * cut, p["lo"] * cut, p["hi"] * cut, tokens * cut, "per-context mean"
+        clusters = sorted(set(sub.clusters))
+        if m in ALONG_TRAJECTORIES and meas.n_tokens >= 1 and all(c in sub.survival for c in clusters):
+            n_c = np.array([min(meas.n_tokens, sub.survival[c].shape[0]) for c in clusters], dtype=np.float64)
+            iters, t_c = np.zeros(len(clusters)), np.zeros(len(clusters))  # [prompts] E[N | x], AR steps
+            for i, (c, n) in enumerate(zip(clusters, n_c)):
+                if n == 0:  # pragma: no cover - every trajectory has a token unless EOS came first
+                    continue
+                starts = iteration_starts(sub.survival[c][:int(n)], L, k)  # [n] P(an iteration starts at t | x)
+                here = (sub.clusters == c) & (sub.offsets < n)
+                t_ctx = iteration_time(sub.nodes[here, k - 1, L - 1], method=m, K=k, L=L, cost=cost)  # [contexts]
+                w = starts[sub.offsets[here]]  # a context weighs as often as real iterations start there
+                iters[i] = starts.sum()
+                t_c[i] = float(np.sum(w * t_ctx) / np.sum(w)) if np.sum(w) > 0 else float(np.mean(t_ctx))
+            time_ = float(np.sum(iters * t_c) / np.sum(iters))
+            est = cluster_bootstrap(n_c, np.array(clusters), ratio_to=iters * t_c, **opts.boot())
+            sr, lo, hi, source = est.mean, est.lo, est.hi, "along trajectories"
+            tokens_pred = float(n_c.sum() / iters.sum())
+        out.append({"method": m, "K": K, "L": L, "predicted": sr, "predicted_lo": lo,
+                    "predicted_hi": hi, "predicted_per_iteration": p["sr"], "cap_factor": cut,
+                    "tokens": source, "tokens_per_context": tokens * cut,
                     "n_tokens": meas.n_tokens, "measured": e.mean, "measured_lo": e.lo, "measured_hi": e.hi,
                     "prompts": e.n_clusters, "contexts": sub.n,
                     "error": sr / e.mean - 1.0 if e.mean > 0 else float("nan"),
                     "error_lo": sr / e.hi - 1.0 if e.hi > 0 else float("nan"),
                     "error_hi": sr / e.lo - 1.0 if e.lo > 0 else float("nan"),
-                    "tokens_predicted": tokens * cut, "tokens_measured": meas.tokens_per_iteration,
+                    "tokens_predicted": tokens_pred, "tokens_measured": meas.tokens_per_iteration,
                     "time_predicted": time_, "time_measured": meas.time_per_iteration,
                     "goal": m in ("sd", "spectr") and L <= 4})
     return out
@@ -327,16 +360,19 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
     all_claims: list[A.ClaimResult] = []
     be_all, verdict_all, gap_all, sr_all, check_all = [], [], [], [], []
     summary: list[str] = []
-    from mdv.paired.speedcheck import FILE as CHECK_FILE, read_check
+    from mdv.paired.records import calibration_file
+    from mdv.paired.speedcheck import check_file, read_check
 
-    check_data = read_check(paired_dir(results_dir) / CHECK_FILE)
-    calib_path = paired_dir(results_dir) / "calibration.json"
-    calibration = None
-    if calib_path.exists():
-        try:
-            calibration = Calibration.from_dict(json.loads(calib_path.read_text(encoding="utf-8")))
-        except Exception as e:  # a report must still come out; say why the prediction is missing
-            warn(f"calibration {calib_path} unreadable ({type(e).__name__}: {e}); no calibrated SR prediction")
+    checks: dict[str, Any] = {}  # drafter -> its speed check
+    calibrations: dict[str, Calibration] = {}  # drafter -> the calibration that timed it
+    for drafter in sorted({str(g.setting.get("drafter", "model")) for g in groups}):
+        checks[drafter] = read_check(paired_dir(results_dir) / check_file(drafter))
+        calib_path = paired_dir(results_dir) / calibration_file(drafter)
+        if calib_path.exists():
+            try:
+                calibrations[drafter] = Calibration.from_dict(json.loads(calib_path.read_text(encoding="utf-8")))
+            except Exception as e:  # a report must still come out; say why the prediction is missing
+                warn(f"calibration {calib_path} unreadable ({type(e).__name__}: {e}); no calibrated SR prediction")
     profiles = []
     for name in cost_profiles:
         try:
@@ -392,14 +428,20 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
         # speedups: calibrated prediction, profiles, check against real generations
         md += ["", "### Speedup over AR, predicted", ""]
         costs: list[tuple[str, Any]] = []
-        if drafter != "model":  # the cost model and the profiles price the pair's draft model, not this drafter
-            md.append(f"No prediction: the cost model times the pair's draft model, not the {drafter} drafter.")
-        else:
-            if calibration is not None:
-                costs.append(("calibrated (this machine)", calibration))
+        # a calibration prices the drafter it timed; a cost profile's c is a draft model's step
+        calibration, check_data = calibrations.get(drafter), checks.get(drafter)
+        cal = calibration if calibration is not None and calibration.drafter["name"] == drafter else None
+        if calibration is not None and cal is None:  # pragma: no cover - a file renamed by hand
+            md.append(f"No calibrated prediction: {calibration_file(drafter)} timed the"
+                      f" {calibration.drafter['name']} drafter, not {drafter}.")
+        if cal is not None:
+            costs.append(("calibrated (this machine)", cal))
+        if drafter == "model":
             costs += [(f"profile {p.name}", p) for p in profiles]
-            if not costs:
-                md.append("No calibration and no cost profile: no prediction.")
+        elif profiles:
+            md.append(f"Cost profiles price a draft model's step (c); not applied to the {drafter} drafter.")
+        if not costs and calibration is None:
+            md.append("No calibration and no cost profile that applies: no prediction.")
         for cname, cost in costs:
             try:
                 pred = A.predicted_speedups(data, cost, opts, Ls=[L_ for L_ in SHOWN_L if L_ <= data.L_max])
@@ -412,16 +454,20 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                       f" {_ci(best['sr'], best['lo'], best['hi'], 2)}; at K={K}, L={L}: "
                       + ", ".join(f"{A.label(r['method'])} {_f(r['sr'], 2)}" for r in pred
                                   if r["K"] == A.k_of(r["method"], K) and r["L"] == L))
-        if calibration is not None:
-            md.append(f"- calibration: AR step {calibration.ar_step_s * 1e3:.1f} ms; target tree pass "
-                      + ", ".join(f"{n} nodes {s * 1e3:.1f} ms" for n, s in sorted(calibration.target_s.items()))
-                      + "; draft step (K rows) " + ", ".join(f"K={k} {s * 1e3:.1f} ms"
-                                                             for k, s in sorted(calibration.draft_step_s.items())))
+        if cal is not None:
+            Lc = max(int(k.split("/")[1]) for k in cal.propose_s) if cal.propose_s else 0
+            md.append(f"- calibration: AR step {cal.ar_step_s * 1e3:.1f} ms; target tree pass "
+                      + ", ".join(f"{n} nodes {s * 1e3:.1f} ms" for n, s in sorted(cal.target_s.items()))
+                      + (f"; the {drafter} drafter's call at L = {Lc} (K blocks) " + ", ".join(
+                          f"K={k} {cal.propose_s[f'{k}/{Lc}'] * 1e3:.1f} ms" for k in range(1, cal.K_max + 1)
+                          if f"{k}/{Lc}" in cal.propose_s) if cal.propose_s else
+                         "; draft step (K rows) " + ", ".join(f"K={k} {s * 1e3:.1f} ms"
+                                                              for k, s in sorted(cal.draft_step_s.items()))))
         if check_data is not None and A.check_matches(check_data, data.setting):
             measured = A.check_speedups(check_data, opts)
             real_be = A.check_block_efficiency(check_data, opts)
             real_datasets = sorted({str(g["dataset"]) for g in check_data.get("generations", [])})
-            source = (f"the speed check (`paired/speedcheck.json`: AR and every cell interleaved per prompt,"
+            source = (f"the speed check (`paired/{check_file(drafter)}`: AR and every cell interleaved per prompt,"
                       f" {check_data['settings']['n_tokens']} tokens each, EOS ignored)")
         else:
             measured = A.measured_speedups(cells, data.setting, opts) if cells else {}
@@ -429,7 +475,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
             real_datasets = sorted(A.cell_datasets(cells)) if cells else []
             source = "the sweep's cells (run one after the other: a load change between cells reads as a speedup)"
         same = np.isin(data.dataset_keys, real_datasets)
-        check = sr_check_rows(data, calibration, measured, opts) if calibration is not None and measured else []
+        check = sr_check_rows(data, cal, measured, opts) if cal is not None and measured else []
         check_all += [{**c, "setting": gi} for c in check]
         if real_be and same.any():
             sub = data.subset(same)
@@ -444,20 +490,28 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                     md.append(f"| {A.label(m)} | {k} | {l} | {_ci(pe.mean, pe.lo, pe.hi)} | {_ci(e.mean, e.lo, e.hi)} |")
         md += ["", "### Speedup check: predicted vs measured on real generations", ""]
         if check:
-            md += [f"Measured: {source}. Predicted: the paired contexts of the same prompts, with the last"
-                   " iteration of a run of that length cut (× the renewal factor, `mdv.paired.renewal`). SR ="
-                   " tokens per iteration ÷ time per iteration (in AR steps), both sides; the error's range is"
-                   " over the measured SR's CI.", "",
-                   "| method | K | L | predicted SR | measured SR | prompts | error [range] | cut factor |"
-                   " tokens/iter pred. / meas. | time/iter pred. / meas. | in goal? |",
-                   "|---|---|---|---|---|---|---|---|---|---|---|"]
+            md += [f"Measured: {source}. Predicted: the paired contexts of the same prompts. Tokens per iteration"
+                   " *along trajectories* (`sd`, `spectr`): the exact count of real iterations along the prompts' target"
+                   " trajectories, n / E[N | x] (`mdv.paired.renewal`, (4)); *per-context mean*: the mean of"
+                   " 1 + E[tau] over the contexts with the last iteration of a run of that length cut (× the"
+                   " cut factor), which over-predicts real runs where acceptance varies along the text (their"
+                   " iterations start more often where it is low; the column in brackets is that mean). Along"
+                   " trajectories the time per iteration weighs each context by how often real iterations start"
+                   " there."
+                   " SR = tokens per iteration ÷ time per iteration (in AR steps), both sides; the error's range"
+                   " is over the measured SR's CI.", "",
+                   "| method | K | L | predicted SR | measured SR | prompts | error [range] | tokens predicted |"
+                   " cut factor | tokens/iter pred. / meas. | time/iter pred. / meas. | in goal? |",
+                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for c in check:
                 ok = "—" if not c["goal"] else ("yes" if abs(c["error"]) <= SR_GOAL else "**no**")
                 md.append(f"| {A.label(c['method'])} | {c['K']} | {c['L']} |"
                           f" {_ci(c['predicted'], c['predicted_lo'], c['predicted_hi'], 2)} |"
                           f" {_ci(c['measured'], c['measured_lo'], c['measured_hi'], 2)} | {c['prompts']} |"
-                          f" {c['error']:+.1%} [{c['error_lo']:+.0%}, {c['error_hi']:+.0%}] | {c['cap_factor']:.3f} |"
-                          f" {c['tokens_predicted']:.2f} / {c['tokens_measured']:.2f} |"
+                          f" {c['error']:+.1%} [{c['error_lo']:+.0%}, {c['error_hi']:+.0%}] | {c['tokens']} |"
+                          f" {c['cap_factor']:.3f} | {c['tokens_predicted']:.2f}"
+                          + (f" ({c['tokens_per_context']:.2f})" if c["tokens"] != "per-context mean" else "")
+                          + f" / {c['tokens_measured']:.2f} |"
                           f" {c['time_predicted']:.2f} / {c['time_measured']:.2f} | {ok} |")
             goal = [c for c in check if c["goal"]]
             if goal:

@@ -8,6 +8,7 @@ the same prompts, so the prediction error can be read off:
   prompt (:func:`mdv.bench.timing.rotated`, as the e2e benchmark does), so a drift of the machine's load hits every cell
   alike and the per-prompt ratio AR seconds ÷ method seconds cancels it.  A sweep's cells run one after
   the other and cannot do that: there a load change between two cells is read as a speedup.
+* **Same drafter.**  The paired run's (``paired.drafter``), which the calibration timed too.
 * **Same prompts, same seeds.**  The first ``n_prompts`` prompts of each dataset of the paired run
   (whose contexts give the prediction), seeded like the paired trajectories (:func:`mdv.sweep.prompt_seed`).
 * **Fixed length.**  EOS is ignored, so every generation emits exactly ``n_tokens`` tokens and the cut of
@@ -19,7 +20,8 @@ the same prompts, so the prediction error can be read off:
   target pass 102-106 ms, a minute later 67-75 ms), and not alike for every part, so a calibration taken
   minutes before its check predicts another machine.
 
-Result: ``<results_dir>/paired/speedcheck.json`` (schema ``mdv.paired.speedcheck/1``), written atomically;
+Result: ``<results_dir>/paired/speedcheck.json`` (``speedcheck.<drafter>.json`` for a drafter other than the
+draft model; schema ``mdv.paired.speedcheck/1``), written atomically;
 a rerun with the same settings, models and machine reuses it.  Per generation: dataset, prompt index,
 method, K, L and the engine's :class:`~mdv.engine.GenerationStats` (decode seconds split into draft /
 target / verify / other, target calls, emitted tokens).
@@ -38,11 +40,18 @@ from mdv.paired.config import SpeedCheckConfig
 log = logging.getLogger(__name__)
 
 SCHEMA = "mdv.paired.speedcheck/1"
-FILE = "speedcheck.json"
+FILE = "speedcheck.json"  # the draft model's; another drafter's is check_file(drafter)
+
+
+def check_file(drafter: str = "model") -> str:
+    """``speedcheck.json`` (the draft model) or ``speedcheck.<drafter>.json``: one check per drafter."""
+    from mdv.paired.records import drafter_file
+
+    return drafter_file("speedcheck", drafter)
 
 Cell = tuple[str, int, int]  # (method, K, L); ("ar", 1, 1) is the baseline
 
-__all__ = ["Cell", "FILE", "InterleavedCheck", "PendingCheck", "SCHEMA", "SpeedCheckPrompt", "check_cells",
+__all__ = ["Cell", "FILE", "check_file", "InterleavedCheck", "PendingCheck", "SCHEMA", "SpeedCheckPrompt", "check_cells",
            "check_is_current", "check_settings", "finish_speed_check", "read_check", "spread_rounds",
            "start_speed_check"]
 
@@ -78,13 +87,15 @@ class InterleavedCheck:
 
     def __init__(self, target: Any, draft: Any, prompts: Sequence[SpeedCheckPrompt], cells: Sequence[Cell], *,
                  n_tokens: int, temperature: float, top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 progress: bool = False) -> None:
+                 progress: bool = False, drafter: str = "model", drafter_options: Optional[dict[str, Any]] = None
+                 ) -> None:
         from mdv.progress import progress_bar
 
         self.target, self.draft, self.cells = target, draft, list(cells)
         self.rounds = [prompts[0], *prompts]
         self.kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_new_tokens": n_tokens,
                    "eos_token_id": []}
+        self.drafter_kw = {"drafter": drafter, "drafter_options": dict(drafter_options or {})}
         self.done: list[bool] = [False] * len(self.rounds)
         self.with_calibration = False  # set by spread_rounds
         self.gens: list[dict[str, Any]] = []
@@ -101,7 +112,7 @@ class InterleavedCheck:
             self.bar.set_postfix_str(f"{'warm-up' if i == 0 else pr.dataset + ' #' + str(pr.index)} {m} K={K}"
                                      f" L={L}", refresh=False)
             r = generate(self.target, None if m == "ar" else self.draft, pr.ids, m, K=K, L=L, seed=pr.seed,
-                         **self.kw)
+                         **self.kw, **({} if m == "ar" else self.drafter_kw))
             if i:  # the warm-up is left out
                 self.gens.append({"dataset": pr.dataset, "prompt_index": pr.index, "method": m, "K": K, "L": L,
                                   "stats": r.stats})
@@ -141,11 +152,12 @@ def read_check(path: Path) -> Optional[dict[str, Any]]:
 
 
 def check_settings(cfg: SpeedCheckConfig, *, datasets: Sequence[str], n_tokens: int, temperature: float,
-                   top_k: Optional[int], top_p: Optional[float], seed: int, models: str) -> dict[str, Any]:
+                   top_k: Optional[int], top_p: Optional[float], seed: int, models: str, drafter: str = "model",
+                   drafter_options: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """What determines the check's generations (a stored check with other settings is redone)."""
     return {"cells": [list(c) for c in check_cells(cfg)], "datasets": list(datasets), "n_prompts": cfg.n_prompts,
             "n_tokens": n_tokens, "temperature": float(temperature), "top_k": top_k, "top_p": top_p,
-            "seed": int(seed), "models": models}
+            "seed": int(seed), "models": models, "drafter": drafter, "drafter_options": dict(drafter_options or {})}
 
 
 def _device_of(run_cfg: Any) -> str:
@@ -161,7 +173,8 @@ def _settings_of(run_cfg: Any, datasets: Sequence[str]) -> dict[str, Any]:
     return check_settings(cfg, datasets=names, n_tokens=int(cfg.n_tokens or run_cfg.paired.n_tokens),
                           temperature=float(run_cfg.sampling.temperatures[0]),
                           top_k=run_cfg.sampling.top_k, top_p=run_cfg.sampling.top_p,
-                          seed=int(run_cfg.sweep.seeds[0]), models=str(run_cfg.models.name))
+                          seed=int(run_cfg.sweep.seeds[0]), models=str(run_cfg.models.name),
+                          drafter=str(run_cfg.paired.drafter), drafter_options=dict(run_cfg.paired.drafter_options or {}))
 
 
 def check_is_current(run_cfg: Any, out: Path, datasets: Sequence[str]) -> bool:
@@ -171,7 +184,7 @@ def check_is_current(run_cfg: Any, out: Path, datasets: Sequence[str]) -> bool:
 
     if not run_cfg.paired.speed_check.enabled:
         return True
-    old = read_check(out / FILE)
+    old = read_check(out / check_file(run_cfg.paired.drafter))
     return (old is not None and old.get("settings") == _settings_of(run_cfg, datasets)
             and old.get("machine") == machine_fingerprint(_device_of(run_cfg)))
 
@@ -199,7 +212,7 @@ def start_speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str,
     cfg: SpeedCheckConfig = run_cfg.paired.speed_check
     if not cfg.enabled or models is None or check_is_current(run_cfg, out, datasets):
         return None
-    if read_check(out / FILE) is not None:
+    if read_check(out / check_file(run_cfg.paired.drafter)) is not None:
         log.warning("redoing the speed check: other settings, or made on another machine")
     settings = _settings_of(run_cfg, datasets)
     seed = settings["seed"]
@@ -216,7 +229,8 @@ def start_speed_check(run_cfg: Any, out: Path, models: Any, formatted: dict[str,
              settings["n_tokens"])
     runner = InterleavedCheck(models.target, models.draft, prompts, cells, n_tokens=settings["n_tokens"],
                               temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"],
-                              progress=run_cfg.progress)
+                              progress=run_cfg.progress, drafter=settings["drafter"],
+                              drafter_options=settings["drafter_options"])
     return PendingCheck(settings, runner)
 
 
@@ -226,7 +240,7 @@ def finish_speed_check(run_cfg: Any, out: Path, models: Any, pending: Optional[P
     from mdv.paired.cost import machine_fingerprint
     from mdv.sweep import write_json_atomic
 
-    path = out / FILE
+    path = out / check_file(run_cfg.paired.drafter)
     if not run_cfg.paired.speed_check.enabled:
         return None
     if pending is None:

@@ -23,7 +23,7 @@ Cost: one target call per token not on a draft path instead of one per token.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -53,6 +53,7 @@ class TreeTrajectory:
         self.stopped = False
         self.target_steps = 0  # target calls made for the trajectory (tokens off every draft path)
         self.reused = 0  # tokens whose law came from a tree pass
+        self.laws: list[Tensor] = []  # [V] each: the law each token was drawn from
 
     def advance(self, n: int, drafts: Optional[Tensor] = None, p: Optional[Tensor] = None) -> None:
         """Append up to ``n`` tokens.  drafts [K, L] int64 and p [K, L+1, V] float64: the last tree pass
@@ -72,6 +73,7 @@ class TreeTrajectory:
                     self.reused += 1
                 token = ar_draw(law, self.generator)
                 self.tokens.append(token)
+                self.laws.append(law.reshape(-1).clone())  # a copy: a view would keep the tree pass's [K, L+1, V]
                 if (token in self.eos or len(self.tokens) >= self.max_new_tokens
                         or (self.ctx is not None and seq_len + 1 >= self.ctx)):
                     self.stopped = True
@@ -97,4 +99,36 @@ class TreeTrajectory:
         return self.sampling.probs(logits)[0]
 
 
-__all__ = ["TreeTrajectory"]
+def survival_along(drafter: Any, prompt: Sequence[int], tokens: Sequence[int], laws: Sequence[Tensor],
+                   sampling: SamplingConfig, K_max: int) -> list[list[list[float]]]:
+    """Where real ``sd`` / ``spectr`` iterations would end along a trajectory (:mod:`mdv.paired.renewal`,
+    (3)-(5)): ``out[i][k-1][c]`` = P(c of the k drafts on the output's path at position i stay on it |
+    the output), k = 1..K_max, c = 0..k.
+
+    At position i the output token is y = x_i, the target law p = ``laws[i]`` and the draft law q the
+    drafter's first-token law after ``prompt + tokens[:i]`` (:func:`mdv.paired.renewal.kseq_survival` has
+    the formula).  The draft model gives q in one pass over the sequence; another drafter by its
+    ``reference_law`` at each position (slow for ``eagle`` and ``layerskip``: a target pass each).
+    laws: [n] of [V], the laws the tokens were drawn from (:attr:`TreeTrajectory.laws`)."""
+    from mdv.drafters.model import ModelDrafter
+    from mdv.paired.renewal import kseq_survival
+
+    n, P = len(tokens), len(prompt)
+    if n == 0:
+        return []
+    seq = list(prompt) + list(tokens)
+    with torch.inference_mode():
+        p = torch.stack([law.to(torch.float64).cpu() for law in laws])  # [n, V]
+        if isinstance(drafter, ModelDrafter):
+            from mdv.models.session import open_session
+
+            session = open_session(drafter.model)
+            logits = session.extend(torch.tensor([seq[:-1]], dtype=torch.long, device=session.device))[0]
+            q = sampling.probs(logits[P - 1:]).to(torch.float64).cpu()  # [n, V]: q(. | seq[:P + i])
+        else:
+            q = torch.stack([drafter.reference_law(seq[:P + i], sampling).to(torch.float64).cpu() for i in range(n)])
+        y = torch.tensor(list(tokens), dtype=torch.long)
+        return kseq_survival(p, q, y, K_max).tolist()
+
+
+__all__ = ["TreeTrajectory", "survival_along"]
