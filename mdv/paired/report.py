@@ -426,7 +426,11 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
         paths[f"optimality_gap{suffix}"] = plot_optimality(data, gaps, out / f"paired_optimality_gap{suffix}.png")
 
         # speedups: calibrated prediction, profiles, check against real generations
-        md += ["", "### Speedup over AR, predicted", ""]
+        md += ["", "### Speedup over AR, predicted", "",
+               "Per iteration at the measured contexts (positions taken uniformly): the quantity the verifiers'"
+               " theory compares. Real runs start more iterations where acceptance is low, so for them this"
+               " over-predicts where acceptance varies along the text; the check below counts `sd` and `spectr`"
+               " iterations along the trajectories instead.", ""]
         costs: list[tuple[str, Any]] = []
         # a calibration prices the drafter it timed; a cost profile's c is a draft model's step
         calibration, check_data = calibrations.get(drafter), checks.get(drafter)
