@@ -157,7 +157,7 @@ def test_report_prediction_cuts_the_last_iteration(tmp_path: Path) -> None:
         # the pooled law's mean is the mean block efficiency
         assert float(law @ np.arange(1, r["L"] + 2)) == pytest.approx(float(np.mean(data.be(r["method"], r["K"],
                                                                                             r["L"]))))
-        assert r["tokens"] == "per-context mean"
+        assert r["tokens_from"] == "per-context mean"
 
 
 def test_report_prediction_counts_real_iterations_along_the_trajectories(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_report_prediction_counts_real_iterations_along_the_trajectories(tmp_pat
                       ar_step_s=0.1)
     check = read_check(paired_dir(cfg.results_dir) / FILE)
     rows = sr_check_rows(data, cal, A.check_speedups(check, A.Options(n_boot=200)), A.Options(n_boot=200))
-    assert {r["tokens"] for r in rows} == {"along trajectories"} and len(rows) == 4
+    assert {r["tokens_from"] for r in rows} == {"along trajectories"} and len(rows) == 4
     for r in rows:
         m, K, L = r["method"], r["K"], r["L"]
         tokens, iters, seconds = 0.0, 0.0, 0.0

@@ -275,7 +275,7 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
     (:func:`mdv.paired.renewal.iteration_starts`), and the time per iteration is the contexts' mean weighted
     by how often a real iteration starts at each (its tree is larger where drafts diverge): the per-context
     mean over-predicts real runs, whose iterations start more often where acceptance is low
-    (``"tokens"``: ``"along trajectories"`` or ``"per-context mean"``; ``tokens_per_context`` keeps the
+    (``"tokens_from"``: ``"along trajectories"`` or ``"per-context mean"``; ``tokens_per_context`` keeps the
     latter, cut, for comparison)."""
     from mdv.paired.cost import iteration_time, predict_speedup
     from mdv.paired.renewal import cap_factor, iteration_starts
@@ -317,7 +317,7 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
             tokens_pred = float(n_c.sum() / iters.sum())
         out.append({"method": m, "K": K, "L": L, "predicted": sr, "predicted_lo": lo,
                     "predicted_hi": hi, "predicted_per_iteration": p["sr"], "cap_factor": cut,
-                    "tokens": source, "tokens_per_context": tokens * cut,
+                    "tokens_from": source, "tokens_per_context": tokens * cut,
                     "n_tokens": meas.n_tokens, "measured": e.mean, "measured_lo": e.lo, "measured_hi": e.hi,
                     "prompts": e.n_clusters, "contexts": sub.n,
                     "error": sr / e.mean - 1.0 if e.mean > 0 else float("nan"),
@@ -512,9 +512,9 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                 md.append(f"| {A.label(c['method'])} | {c['K']} | {c['L']} |"
                           f" {_ci(c['predicted'], c['predicted_lo'], c['predicted_hi'], 2)} |"
                           f" {_ci(c['measured'], c['measured_lo'], c['measured_hi'], 2)} | {c['prompts']} |"
-                          f" {c['error']:+.1%} [{c['error_lo']:+.0%}, {c['error_hi']:+.0%}] | {c['tokens']} |"
+                          f" {c['error']:+.1%} [{c['error_lo']:+.0%}, {c['error_hi']:+.0%}] | {c['tokens_from']} |"
                           f" {c['cap_factor']:.3f} | {c['tokens_predicted']:.2f}"
-                          + (f" ({c['tokens_per_context']:.2f})" if c["tokens"] != "per-context mean" else "")
+                          + (f" ({c['tokens_per_context']:.2f})" if c["tokens_from"] != "per-context mean" else "")
                           + f" / {c['tokens_measured']:.2f} |"
                           f" {c['time_predicted']:.2f} / {c['time_measured']:.2f} | {ok} |")
             goal = [c for c in check if c["goal"]]
