@@ -370,9 +370,15 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
         calib_path = paired_dir(results_dir) / calibration_file(drafter)
         if calib_path.exists():
             try:
-                calibrations[drafter] = Calibration.from_dict(json.loads(calib_path.read_text(encoding="utf-8")))
+                cal = Calibration.from_dict(json.loads(calib_path.read_text(encoding="utf-8")))
             except Exception as e:  # a report must still come out; say why the prediction is missing
                 warn(f"calibration {calib_path} unreadable ({type(e).__name__}: {e}); no calibrated SR prediction")
+                continue
+            if cal.drafter["name"] == drafter:
+                calibrations[drafter] = cal
+            else:  # a file renamed by hand: it prices another drafter's call
+                warn(f"calibration {calib_path} timed the {cal.drafter['name']} drafter, not {drafter}; no"
+                     " calibrated SR prediction for it")
     profiles = []
     for name in cost_profiles:
         try:
@@ -433,18 +439,14 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                " iterations along the trajectories instead.", ""]
         costs: list[tuple[str, Any]] = []
         # a calibration prices the drafter it timed; a cost profile's c is a draft model's step
-        calibration, check_data = calibrations.get(drafter), checks.get(drafter)
-        cal = calibration if calibration is not None and calibration.drafter["name"] == drafter else None
-        if calibration is not None and cal is None:  # pragma: no cover - a file renamed by hand
-            md.append(f"No calibrated prediction: {calibration_file(drafter)} timed the"
-                      f" {calibration.drafter['name']} drafter, not {drafter}.")
+        cal, check_data = calibrations.get(drafter), checks.get(drafter)
         if cal is not None:
             costs.append(("calibrated (this machine)", cal))
         if drafter == "model":
             costs += [(f"profile {p.name}", p) for p in profiles]
         elif profiles:
             md.append(f"Cost profiles price a draft model's step (c); not applied to the {drafter} drafter.")
-        if not costs and calibration is None:
+        if not costs:
             md.append("No calibration and no cost profile that applies: no prediction.")
         for cname, cost in costs:
             try:
