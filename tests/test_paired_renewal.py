@@ -178,3 +178,47 @@ def test_real_runs_count_the_iterations_predicted_along_target_trajectories(meth
     z = (real.mean() - predicted.mean()) / se
     assert abs(z) < 3.29, (real.mean(), predicted.mean(), z)  # two-sided, level 1e-3
     assert 1.5 < real.mean() < n - 0.5  # the check is not trivial: iterations of several tokens, not all
+
+
+@pytest.mark.parametrize("method,K", [("sd", 1), ("spectr", 2)])
+def test_each_real_run_is_counted_by_the_law_given_its_own_output(method: str, K: int) -> None:
+    """The speed check's pairing (mdv.paired.speedcheck.InterleavedCheck.add_survival): E[N | x] evaluated on a
+    real run's own output x is that run's expected iteration count, so the mean of (target calls - E[N | x])
+    over runs is 0 (z-test, level 1e-3) -- which needs the survivors at a position to say nothing of the output
+    after it.  Paired, the spread is the count's conditional one, well under the unpaired spread of the test
+    above.  It tells rules apart: spectr's K = 2 runs counted with the K = 1 law fail."""
+    import torch
+
+    from mdv.drafters.registry import get_drafter
+    from mdv.engine import generate
+    from mdv.models.sampling import SamplingConfig
+    from mdv.paired.trajectory import survival_given_output, target_laws_along
+    from tests.test_hf_model import tiny_pair
+
+    target, draft = tiny_pair(vocab_size=12, seed=3, noise=1.0, scale=8.0)
+    prompt, n, L, T = [1, 4, 2, 7], 10, 3, 0.7
+    sampling = SamplingConfig(T)
+    drafter = get_drafter("model")
+    drafter.bind(target, draft)
+    diff, wrong, calls = [], [], []
+    with torch.inference_mode():
+        for s in range(300):
+            r = generate(target, draft, prompt, method, K=K, L=L, temperature=T, max_new_tokens=n, seed=20_000 + s,
+                         eos_token_id=[])
+            law = np.array(survival_given_output(target, drafter, prompt, r.tokens, sampling, K))  # [n, K, K+1]
+            calls.append(r.stats["target_calls"])
+            diff.append(r.stats["target_calls"] - iterations_given_output(law, L, K))
+            if K > 1:
+                wrong.append(r.stats["target_calls"] - iterations_given_output(law, L, 1))
+        if s == 299:  # the one-pass laws are the engine's AR laws (float32 rounding apart)
+            x = generate(target, None, prompt, "ar", temperature=T, max_new_tokens=n, seed=s, eos_token_id=[]).tokens
+            logits = target.new_session().extend(torch.tensor([prompt + x[:-1]]))[0, len(prompt) - 1:]  # [n, V]
+            np.testing.assert_allclose(torch.stack(target_laws_along(target, prompt, x, sampling)).numpy(),
+                                       sampling.probs(logits).double().numpy(), atol=1e-6)
+    diff, calls = np.array(diff), np.array(calls, dtype=np.float64)
+    z = diff.mean() / (diff.std(ddof=1) / math.sqrt(diff.size))
+    assert abs(z) < 3.29, (diff.mean(), z)  # two-sided, level 1e-3
+    assert diff.std() < 0.8 * calls.std(), (diff.std(), calls.std())  # the pairing removes the output's spread
+    if K > 1:
+        w = np.array(wrong)
+        assert w.mean() / (w.std(ddof=1) / math.sqrt(w.size)) < -3.29  # the K = 1 law over-counts spectr's runs

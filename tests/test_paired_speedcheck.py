@@ -193,6 +193,68 @@ def test_report_prediction_counts_real_iterations_along_the_trajectories(tmp_pat
         assert r["predicted"] == pytest.approx(tokens / seconds)
 
 
+def test_check_runs_are_paired_with_the_law_given_their_own_outputs(tmp_path: Path) -> None:
+    """Every sd / spectr generation of the check stores its tokens and survival [n, K, K+1] given that output
+    (recomputed here from one target and one draft pass); the report evaluates the cost model on those runs:
+    predicted SR = sum n / sum E[N | output] t_prompt, error against the same runs' measured SR, and its tokens
+    and time parts, by hand."""
+    from mdv.drafters.registry import get_drafter
+    from mdv.models.sampling import SamplingConfig
+    from mdv.paired.cost import Calibration, iteration_time
+    from mdv.paired.renewal import iteration_starts, iterations_given_output
+    from mdv.paired.report import sr_check_rows
+    from mdv.paired.trajectory import survival_given_output
+    from mdv.sweep import load_models
+    from tests.test_paired import _prompt
+
+    cfg = run_config(tmp_path)
+    run_paired(cfg)
+    check = read_check(paired_dir(cfg.results_dir) / FILE)
+    spec = [g for g in check["generations"] if g["method"] != "ar"]
+    assert spec and all(len(g["tokens"]) == g["stats"]["new_tokens"] == 6 for g in spec)
+    assert all(np.asarray(g["survival"]).shape == (6, g["K"], g["K"] + 1) for g in spec)
+    assert not any("survival" in g for g in check["generations"] if g["method"] == "ar")
+    data = A.collect(load_records(cfg.results_dir))[0]
+    models = load_models(cfg.models)
+    drafter = get_drafter("model")
+    drafter.bind(models.target, models.draft)
+    g = next(g for g in spec if g["method"] == "spectr")
+    again = survival_given_output(models.target, drafter, _prompt(cfg, models, g["prompt_index"]), g["tokens"],
+                                  SamplingConfig(check["settings"]["temperature"]), g["K"])
+    np.testing.assert_allclose(np.asarray(g["survival"]), np.asarray(again), atol=1e-8)
+
+    cal = Calibration(machine={}, models={}, target_s={1: 0.1, 5: 0.15}, draft_first_s=0.01,
+                      draft_step_s={1: 0.01, 2: 0.012}, verify_s={f"{m}/{k}/{l}": 1e-3 for m, k in
+                                                                  (("sd", 1), ("spectr", 2)) for l in (1, 2)},
+                      ar_step_s=0.1)
+    opts = A.Options(n_boot=200)
+    rows = sr_check_rows(data, cal, A.check_speedups(check, opts), opts, A.check_given_output(check))
+    assert len(rows) == 4
+    ar = {g["prompt_index"]: g["stats"] for g in check["generations"] if g["method"] == "ar"}
+    for r in rows:
+        m, K, L = r["method"], r["K"], r["L"]
+        runs = [g for g in spec if (g["method"], g["K"], g["L"]) == (m, K, L)]
+        n = pred_s = e_n = calls = ar_s = decode = ar_calls = 0.0
+        for g in runs:
+            c = f"{g['dataset']}/{g['prompt_index']}/s{check['settings']['seed']}"
+            starts = iteration_starts(data.survival[c][:6], L, K)  # the prompt's time from its trajectory
+            at = (data.clusters == c) & (data.offsets < 6)
+            w = starts[data.offsets[at]]
+            t = (w @ iteration_time(data.nodes[at, K - 1, L - 1], method=m, K=K, L=L, cost=cal)) / w.sum()
+            en = iterations_given_output(np.asarray(g["survival"]), L, K)
+            a = ar[g["prompt_index"]]["decode_s"] / ar[g["prompt_index"]]["new_tokens"]
+            n, e_n, pred_s = n + 6, e_n + en, pred_s + en * t
+            calls, ar_s, decode = calls + g["stats"]["target_calls"], ar_s + 6 * a, decode + g["stats"]["decode_s"]
+            ar_calls += g["stats"]["target_calls"] * a  # the run's iterations in AR seconds
+        assert r["given_output_runs"] == len(runs) == 2
+        assert r["given_output_predicted"] == pytest.approx(n / pred_s)
+        assert r["given_output_error"] == pytest.approx((n / pred_s) / (ar_s / decode) - 1)
+        assert r["given_output_error"] == pytest.approx(r["given_output_predicted"] / r["measured"] - 1)
+        assert r["given_output_tokens_error"] == pytest.approx(calls / e_n - 1)
+        assert r["given_output_time_error"] == pytest.approx((pred_s / e_n) / (decode / ar_calls) - 1)
+        assert r["given_output_error_lo"] <= r["given_output_error"] <= r["given_output_error_hi"]
+
+
 def test_calibration_context_has_the_median_length_of_the_checked_runs(tmp_path: Path) -> None:
     """median(prompt length + n/2) over the check's prompts (n: the tokens each run generates)."""
     from mdv.paired.measure import calibration_context

@@ -524,6 +524,42 @@ def check_speedups(check: dict[str, Any], opts: Options) -> dict[tuple, Measured
     return _speedups(pairs, opts)
 
 
+@dataclass(frozen=True)
+class GivenOutput:
+    """The speed check's ``sd`` / ``spectr`` generations of one (method, K, L) that carry where their
+    iterations end given their own output (``survival``, :meth:`mdv.paired.speedcheck.InterleavedCheck.add_survival`),
+    one entry per generation [g]: its prompt ``clusters``, emitted tokens ``n``, target calls ``calls``
+    (its iterations), E[N | its output] ``iterations`` (:func:`mdv.paired.renewal.iterations_given_output`),
+    decode seconds ``decode_s`` and the AR seconds per token of the same round ``ar_per_token``."""
+
+    clusters: np.ndarray
+    n: np.ndarray
+    calls: np.ndarray
+    iterations: np.ndarray
+    decode_s: np.ndarray
+    ar_per_token: np.ndarray
+
+
+def check_given_output(check: dict[str, Any]) -> dict[tuple, GivenOutput]:
+    """Per (method, K, L): the check's generations with ``survival`` (see :class:`GivenOutput`); empty for
+    a check made before it was recorded or with another drafter than the draft model."""
+    from mdv.paired.renewal import iterations_given_output
+
+    gens = check.get("generations", [])
+    ar = {(g["dataset"], g["prompt_index"]): g["stats"] for g in gens if g["method"] == "ar"}
+    acc: dict[tuple, list[tuple]] = {}
+    for g in gens:
+        s, a = g["stats"], ar.get((g["dataset"], g["prompt_index"]))
+        if not g.get("survival") or a is None or not a["new_tokens"] or not s["target_calls"] or not s["decode_s"]:
+            continue
+        n = int(s["new_tokens"])
+        acc.setdefault((g["method"], g["K"], g["L"]), []).append(
+            (_check_cluster(g, check), n, float(s["target_calls"]),
+             iterations_given_output(np.asarray(g["survival"])[:n], int(g["L"]), int(g["K"])),
+             float(s["decode_s"]), float(a["decode_s"]) / float(a["new_tokens"])))
+    return {k: GivenOutput(*(np.array(col) for col in zip(*rows))) for k, rows in acc.items()}
+
+
 def check_block_efficiency(check: dict[str, Any], opts: Options) -> dict[tuple, Estimate]:
     """Emitted tokens ÷ target calls of the speed check's generations per (method, K, L), ratio of sums
     pooled over prompts, CI clustered by prompt."""
@@ -539,6 +575,6 @@ def check_block_efficiency(check: dict[str, Any], opts: Options) -> dict[tuple, 
 
 
 __all__ = ["ClaimResult", "Options", "PAPER_ORDER", "PairedData", "all_claims", "be_estimate", "be_rows",
-           "MeasuredSpeedup", "check_block_efficiency", "check_matches", "check_speedups", "collect", "combine", "measured_block_efficiency", "is_lossless", "is_multi_draft", "k_of", "label", "measured_speedups",
+           "GivenOutput", "MeasuredSpeedup", "check_block_efficiency", "check_given_output", "check_matches", "check_speedups", "collect", "combine", "measured_block_efficiency", "is_lossless", "is_multi_draft", "k_of", "label", "measured_speedups",
            "monotone_k_claims", "monotone_l_claims", "optimality_claim", "optimality_gaps", "ordering_claim",
            "predicted_speedups"]

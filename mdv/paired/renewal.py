@@ -69,7 +69,11 @@ from mdv.errors import InvalidInputError
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
 
-__all__ = ["cap_factor", "emitted_law", "expected_iterations", "expected_iterations_reference",
+#: Methods whose iterations end by K-SEQ's survivor law (:func:`kseq_survival`; ``sd`` is its k = 1):
+#: their real iteration count given the output is (4).  Block verifiers end iterations by another law.
+KSEQ_METHODS = ("sd", "spectr")
+
+__all__ = ["KSEQ_METHODS", "cap_factor", "emitted_law", "expected_iterations", "expected_iterations_reference",
            "iteration_starts", "iterations_given_output", "iterations_given_output_reference", "kseq_survival",
            "kseq_survival_reference"]
 

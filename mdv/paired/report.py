@@ -255,13 +255,8 @@ def _per_dataset_md(data: A.PairedData, rows: Sequence[dict[str, Any]], K: int, 
     return lines
 
 
-#: Methods whose real iterations are counted exactly along the target trajectories (token-level K-SEQ:
-#: ``sd`` is its k = 1); block verifiers (bv, gbv, mdbv, mpbv) end iterations by another law.
-ALONG_TRAJECTORIES = ("sd", "spectr")
-
-
-def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.MeasuredSpeedup], opts: A.Options
-                  ) -> list[dict[str, Any]]:
+def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.MeasuredSpeedup], opts: A.Options,
+                  given: dict[tuple, A.GivenOutput] | None = None) -> list[dict[str, Any]]:
     """Predicted vs measured SR for every (method, K, L) with real generations.  The prediction uses the
     paired contexts of the same prompts (dataset, prompt index, seed) the real generations timed, and cuts
     the last iteration of a run of the generations' length (:func:`mdv.paired.renewal.cap_factor` of the
@@ -269,17 +264,26 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
     split into tokens per iteration and time per iteration (AR steps) on both sides, so the error can be
     placed.
 
-    For ``sd`` and ``spectr`` (:data:`ALONG_TRAJECTORIES`), where every checked prompt's trajectory carries
+    For ``sd`` and ``spectr`` (:data:`mdv.paired.renewal.KSEQ_METHODS`), where every checked prompt's trajectory carries
     where their iterations end along it (``survival``), the tokens per iteration are instead the exact count
     of real iterations along the trajectories, n / mean E[N | x]
     (:func:`mdv.paired.renewal.iteration_starts`), and the time per iteration is the contexts' mean weighted
     by how often a real iteration starts at each (its tree is larger where drafts diverge): the per-context
     mean over-predicts real runs, whose iterations start more often where acceptance is low
     (``"tokens_from"``: ``"along trajectories"`` or ``"per-context mean"``; ``tokens_per_context`` keeps the
-    latter, cut, for comparison)."""
+    latter, cut, for comparison).
+
+    ``given`` (:func:`mdv.paired.analysis.check_given_output`): where the check's ``sd`` / ``spectr`` runs
+    carry E[N | their own output], the same cost model is also evaluated on those very runs -- tokens from
+    E[N | output], time per iteration from the prompt's contexts as above -- and compared with each run's
+    measured SR (``given_output_*``: predicted, error, and the error's tokens and time parts, CIs from one
+    bootstrap over prompts for both sides).  The prediction above and the measurement sample different
+    outputs of each prompt, so their error carries the spread between outputs twice; paired with the runs'
+    outputs, what is left is the model's error (the iteration count's conditional spread given the output,
+    and the time per iteration)."""
     from mdv.paired.cost import iteration_time, predict_speedup
-    from mdv.paired.renewal import cap_factor, iteration_starts
-    from mdv.paired.stats import cluster_bootstrap
+    from mdv.paired.renewal import KSEQ_METHODS, cap_factor, iteration_starts
+    from mdv.paired.stats import cluster_bootstrap, ratio_of_ratios
 
     out = []
     for (m, K, L), meas in sorted(measured.items()):
@@ -299,7 +303,8 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
         e = meas.sr
         sr, lo, hi, tokens_pred, source = p["sr"] * cut, p["lo"] * cut, p["hi"] * cut, tokens * cut, "per-context mean"
         clusters = sorted(set(sub.clusters))
-        if m in ALONG_TRAJECTORIES and meas.n_tokens >= 1 and all(c in sub.survival for c in clusters):
+        paired_with_runs: dict[str, Any] = {}
+        if m in KSEQ_METHODS and meas.n_tokens >= 1 and all(c in sub.survival for c in clusters):
             n_c = np.array([min(meas.n_tokens, sub.survival[c].shape[0]) for c in clusters], dtype=np.float64)
             iters, t_c = np.zeros(len(clusters)), np.zeros(len(clusters))  # [prompts] E[N | x], AR steps
             for i, (c, n) in enumerate(zip(clusters, n_c)):
@@ -315,6 +320,21 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
             est = cluster_bootstrap(n_c, np.array(clusters), ratio_to=iters * t_c, **opts.boot())
             sr, lo, hi, source = est.mean, est.lo, est.hi, "along trajectories"
             tokens_pred = float(n_c.sum() / iters.sum())
+            go = (given or {}).get((m, K, L))
+            t_of = dict(zip(clusters, t_c))
+            if go is not None and len(go.n) and all(c in t_of for c in go.clusters):
+                t_g = np.array([t_of[c] for c in go.clusters])  # [generations] predicted AR steps per iteration
+                b = opts.boot()
+                sr_err = ratio_of_ratios(go.n, go.iterations * t_g, go.n * go.ar_per_token, go.decode_s, go.clusters, **b)
+                tok_err = cluster_bootstrap(go.calls, go.clusters, ratio_to=go.iterations, **b)  # pred/meas tokens/iter
+                time_err = ratio_of_ratios(go.iterations * t_g, go.iterations, go.decode_s, go.calls * go.ar_per_token,
+                                           go.clusters, **b)
+                paired_with_runs = {
+                    "given_output_predicted": float(go.n.sum() / np.sum(go.iterations * t_g)),
+                    "given_output_prompts": sr_err.n_clusters, "given_output_runs": int(len(go.n)),
+                    **{f"given_output_{name}{suffix}": v - 1.0 for name, e in
+                       (("error", sr_err), ("tokens_error", tok_err), ("time_error", time_err))
+                       for suffix, v in (("", e.mean), ("_lo", e.lo), ("_hi", e.hi))}}
         out.append({"method": m, "K": K, "L": L, "predicted": sr, "predicted_lo": lo,
                     "predicted_hi": hi, "predicted_per_iteration": p["sr"], "cap_factor": cut,
                     "tokens_from": source, "tokens_per_context": tokens * cut,
@@ -325,8 +345,35 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
                     "error_hi": sr / e.lo - 1.0 if e.lo > 0 else float("nan"),
                     "tokens_predicted": tokens_pred, "tokens_measured": meas.tokens_per_iteration,
                     "time_predicted": time_, "time_measured": meas.time_per_iteration,
-                    "goal": m in ("sd", "spectr") and L <= 4})
+                    "goal": m in ("sd", "spectr") and L <= 4, **paired_with_runs})
     return out
+
+
+def _given_output_md(check: Sequence[dict[str, Any]]) -> list[str]:
+    """The check's rows evaluated on the runs' own outputs (``given_output_*`` of :func:`sr_check_rows`)."""
+    rows = [c for c in check if "given_output_error" in c]
+    if not rows:
+        return []
+
+    def err(c: dict[str, Any], name: str) -> str:
+        return (f"{c[f'given_output_{name}']:+.1%} [{c[f'given_output_{name}_lo']:+.1%},"
+                f" {c[f'given_output_{name}_hi']:+.1%}]")
+
+    md = ["", "#### Paired with the runs' own outputs", "",
+          "The prediction above and the real runs sample different outputs of each prompt, so its error carries"
+          " the spread between outputs of both. Here the same cost model is evaluated on the very outputs the"
+          " runs emitted: tokens per iteration n / E[N | output] (`mdv.paired.renewal`, (4), from one target and"
+          " one draft pass over each output), time per iteration from the prompt's contexts as above; the CIs"
+          " resample prompts once for both sides. What is left is the model's own error: the tokens part checks"
+          " the iteration count (its expectation is exact), the time part the calibration.", "",
+          "| method | K | L | predicted SR | measured SR | runs | error [95% CI] | tokens part | time part |"
+          " in goal? |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in rows:
+        ok = "—" if not c["goal"] else ("yes" if abs(c["given_output_error"]) <= SR_GOAL else "**no**")
+        md.append(f"| {A.label(c['method'])} | {c['K']} | {c['L']} | {c['given_output_predicted']:.2f} |"
+                  f" {c['measured']:.2f} | {c['given_output_runs']} | {err(c, 'error')} | {err(c, 'tokens_error')} |"
+                  f" {err(c, 'time_error')} | {ok} |")
+    return md
 
 
 def resolve_cost_profile(name: str) -> Path:
@@ -471,17 +518,19 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                                                               for k, s in sorted(cal.draft_step_s.items()))))
         if check_data is not None and A.check_matches(check_data, data.setting):
             measured = A.check_speedups(check_data, opts)
+            given = A.check_given_output(check_data)
             real_be = A.check_block_efficiency(check_data, opts)
             real_datasets = sorted({str(g["dataset"]) for g in check_data.get("generations", [])})
             source = (f"the speed check (`paired/{check_file(drafter)}`: AR and every cell interleaved per prompt,"
                       f" {check_data['settings']['n_tokens']} tokens each, EOS ignored)")
         else:
             measured = A.measured_speedups(cells, data.setting, opts) if cells else {}
+            given = {}
             real_be = A.measured_block_efficiency(cells, data.setting, opts) if cells else {}
             real_datasets = sorted(A.cell_datasets(cells)) if cells else []
             source = "the sweep's cells (run one after the other: a load change between cells reads as a speedup)"
         same = np.isin(data.dataset_keys, real_datasets)
-        check = sr_check_rows(data, cal, measured, opts) if cal is not None and measured else []
+        check = sr_check_rows(data, cal, measured, opts, given) if cal is not None and measured else []
         check_all += [{**c, "setting": gi} for c in check]
         if real_be and same.any():
             sub = data.subset(same)
@@ -524,6 +573,18 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                 worst = max(abs(c["error"]) for c in goal)
                 line = (f"SR prediction error, sd and spectr at L ≤ 4: max |error| {worst:.1%} over {len(goal)}"
                         f" configurations (goal ≤ {SR_GOAL:.0%}: {'met' if worst <= SR_GOAL else 'missed'})")
+                md += ["", line + "."]
+                summary.append(line)
+            md += _given_output_md(check)
+            paired_goal = [c for c in goal if "given_output_error" in c]
+            if paired_goal:
+                worst = max(abs(c["given_output_error"]) for c in paired_goal)
+                inside = sum(-SR_GOAL <= c["given_output_error_lo"] and c["given_output_error_hi"] <= SR_GOAL
+                             for c in paired_goal)
+                line = (f"SR prediction error paired with the runs' own outputs, sd and spectr at L ≤ 4: max |error|"
+                        f" {worst:.1%} over {len(paired_goal)} configurations (goal ≤ {SR_GOAL:.0%}:"
+                        f" {'met' if worst <= SR_GOAL else 'missed'}; CI inside ±{SR_GOAL:.0%} in {inside} of"
+                        f" {len(paired_goal)})")
                 md += ["", line + "."]
                 summary.append(line)
             p = plot_sr_check(check, out / f"paired_sr_check{suffix}.png")

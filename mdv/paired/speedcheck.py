@@ -24,7 +24,9 @@ Result: ``<results_dir>/paired/speedcheck.json`` (``speedcheck.<drafter>.json`` 
 draft model; schema ``mdv.paired.speedcheck/1``), written atomically;
 a rerun with the same settings, models and machine reuses it.  Per generation: dataset, prompt index,
 method, K, L and the engine's :class:`~mdv.engine.GenerationStats` (decode seconds split into draft /
-target / verify / other, target calls, emitted tokens).
+target / verify / other, target calls, emitted tokens); a speculative one also its output ``tokens``, and
+an ``sd`` / ``spectr`` one of the draft model ``survival``, where its iterations end given that output
+(:meth:`InterleavedCheck.add_survival`), so its target calls can be compared with E[N | output].
 """
 from __future__ import annotations
 
@@ -115,9 +117,36 @@ class InterleavedCheck:
                          **self.kw, **({} if m == "ar" else self.drafter_kw))
             if i:  # the warm-up is left out
                 self.gens.append({"dataset": pr.dataset, "prompt_index": pr.index, "method": m, "K": K, "L": L,
-                                  "stats": r.stats})
+                                  "stats": r.stats, **({} if m == "ar" else {"tokens": [int(t) for t in r.tokens]})})
             self.bar.update(1)
         self.done[i] = True
+
+    def add_survival(self, progress: bool = False) -> int:
+        """Store, on every ``sd`` / ``spectr`` generation of the draft model, ``survival`` [n, K, K + 1]: where
+        its iterations end given its own output (:func:`mdv.paired.trajectory.survival_given_output`; one
+        target and one draft pass per generation, after the timed rounds), so the report can compare the
+        run's target calls with E[N | its output] -- the prediction's iteration count paired with the run,
+        free of the between-output noise.  Other drafters are left without it (their laws along an output
+        cost a pass per position).  -> how many generations got it."""
+        from mdv.models.sampling import SamplingConfig
+        from mdv.paired.renewal import KSEQ_METHODS
+        from mdv.paired.trajectory import survival_given_output
+        from mdv.progress import progress_bar
+
+        if self.drafter_kw["drafter"] != "model":
+            return 0
+        from mdv.drafters.registry import get_drafter
+
+        drafter = get_drafter("model", **self.drafter_kw["drafter_options"])
+        drafter.bind(self.target, self.draft)
+        sampling = SamplingConfig(self.kw["temperature"], self.kw["top_k"], self.kw["top_p"])
+        ids = {(pr.dataset, pr.index): pr.ids for pr in self.rounds}
+        todo = [g for g in self.gens if g["method"] in KSEQ_METHODS and g.get("tokens")]
+        for g in progress_bar(progress, iterable=todo, desc="iterations given the check's outputs", position=0):
+            law = survival_given_output(self.target, drafter, ids[(g["dataset"], g["prompt_index"])], g["tokens"],
+                                        sampling, int(g["K"]))  # [n][K][K+1]
+            g["survival"] = [[[round(v, 9) for v in row] for row in pos] for pos in law]
+        return len(todo)
 
     def result(self) -> dict[str, Any]:
         """{"generations": [{dataset, prompt_index, method, K, L, stats}], "wall_seconds"}."""
@@ -249,6 +278,7 @@ def finish_speed_check(run_cfg: Any, out: Path, models: Any, pending: Optional[P
         if not done:
             pending.runner.run_round(j)
     body = pending.runner.result()
+    pending.runner.add_survival(progress=run_cfg.progress)
     body["interleaved_with_calibration"] = pending.runner.with_calibration
     write_json_atomic(path, {"schema": SCHEMA, "settings": pending.settings,
                              "machine": machine_fingerprint(models.device),

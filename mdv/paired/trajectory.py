@@ -131,4 +131,31 @@ def survival_along(drafter: Any, prompt: Sequence[int], tokens: Sequence[int], l
         return kseq_survival(p, q, y, K_max).tolist()
 
 
-__all__ = ["TreeTrajectory", "survival_along"]
+def target_laws_along(target: Any, prompt: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig
+                      ) -> list[Tensor]:
+    """[n] of [V] float64: p(. | prompt + tokens[:i]) under ``sampling``, i = 0..n-1, from ONE target pass over
+    ``prompt + tokens[:-1]`` (a trajectory's laws when the tokens did not come from :class:`TreeTrajectory`,
+    e.g. a real generation's output)."""
+    from mdv.models.session import open_session
+
+    seq, P = list(prompt) + list(tokens), len(prompt)
+    if not tokens:
+        return []
+    with torch.inference_mode():
+        session = open_session(target)
+        logits = session.extend(torch.tensor([seq[:-1]], dtype=torch.long, device=session.device))[0]
+        return list(sampling.probs(logits[P - 1:]).to(torch.float64).cpu())  # [n] of [V]
+
+
+def survival_given_output(target: Any, drafter: Any, prompt: Sequence[int], tokens: Sequence[int],
+                          sampling: SamplingConfig, K_max: int) -> list[list[list[float]]]:
+    """:func:`survival_along` for any output of a lossless run (a real ``sd`` / ``spectr`` generation's
+    tokens): the target laws from one pass (:func:`target_laws_along`).  The law holds for any output
+    because, given the output up to i, the survivors at i say nothing of the tokens after it (each
+    iteration's output is p-distributed whatever drafts survive), so a run's own output gives E[N | x]
+    for that very run (:mod:`mdv.paired.renewal`, (4))."""
+    return survival_along(drafter, prompt, tokens, target_laws_along(target, prompt, tokens, sampling), sampling,
+                          K_max)
+
+
+__all__ = ["TreeTrajectory", "survival_along", "survival_given_output", "target_laws_along"]
