@@ -338,3 +338,17 @@ def test_another_drafter_gets_its_own_calibration_check_and_prediction(tmp_path:
     assert "calibrated (this machine)" in setting2 and "the ngram drafter's call at L = 2" in setting2
     assert "paired/speedcheck.ngram.json" in setting2 and "| spectr | 2 | 2 |" in setting2
     assert "paired/speedcheck.json" in md[:md.index("drafter ngram")]
+
+
+def test_sr_check_plot_has_the_paired_error_panel(tmp_path: Path) -> None:
+    """Rows with given_output_* get the second panel (the error per cell, both ways); rows without, one."""
+    from mdv.paired.report import plot_sr_check
+
+    row = {"method": "sd", "K": 1, "L": 2, "predicted": 1.2, "predicted_lo": 1.1, "predicted_hi": 1.3,
+           "measured": 1.1, "measured_lo": 1.0, "measured_hi": 1.2, "error": 0.09, "error_lo": 0.0, "error_hi": 0.2}
+    paired = {**row, "given_output_error": 0.03, "given_output_error_lo": 0.01, "given_output_error_hi": 0.05}
+    import matplotlib.image as mpimg
+
+    one = plot_sr_check([row], tmp_path / "one.png")
+    two = plot_sr_check([paired, {**paired, "method": "spectr", "K": 3}], tmp_path / "two.png")
+    assert mpimg.imread(two).shape[1] > 1.8 * mpimg.imread(one).shape[1]  # two panels side by side

@@ -166,12 +166,16 @@ def plot_optimality(data: A.PairedData, gaps: Sequence[dict[str, Any]], path: Pa
 
 
 def plot_sr_check(check: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Predicted (x) vs measured (y) speedup of real generations, 95% CIs, the diagonal and ±10%."""
+    """Predicted (x) vs measured (y) speedup of real generations, 95% CIs, the diagonal and ±10%; where the
+    check's runs carry E[N | their output], a second panel: the prediction error per cell with its CI, from
+    the trajectories and paired with the runs' own outputs."""
     pts = [c for c in check if not math.isnan(c["measured"]) and not math.isnan(c["predicted"])]
     if not pts:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(4.8, 4.4))
+    paired = [c for c in pts if "given_output_error" in c]
+    fig, axes = plt.subplots(1, 2 if paired else 1, figsize=(9.6 if paired else 4.8, 4.4), squeeze=False)
+    ax = axes[0, 0]
     lim = [0.0, 1.15 * max(max(c["measured_hi"] if not math.isnan(c["measured_hi"]) else c["measured"],
                                c["predicted"]) for c in pts)]
     ax.plot(lim, lim, "k-", lw=0.8, label="measured = predicted")
@@ -193,6 +197,23 @@ def plot_sr_check(check: Sequence[dict[str, Any]], path: Path) -> Path | None:
     ax.set_ylabel("measured SR (real generations)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
+    if paired:
+        ax = axes[0, 1]
+        ys = np.arange(len(paired))
+        for y, c in zip(ys, paired):
+            for dy, key, fmt, lab in ((0.15, "error", "o", "from the trajectories (range over the measured CI)"),
+                                      (-0.15, "given_output_error", "s", "paired with the runs' own outputs")):
+                e, lo, hi = c[key], c[f"{key}_lo"], c[f"{key}_hi"]
+                ax.errorbar([100 * e], [y + dy], xerr=[[100 * max(e - lo, 0)], [100 * max(hi - e, 0)]], fmt=fmt,
+                            ms=4, color=_color(c["method"]), mfc="white" if fmt == "s" else None, capsize=2,
+                            label=lab if y == 0 else None)
+        ax.axvspan(-100 * SR_GOAL, 100 * SR_GOAL, color="0.9", zorder=0, label=f"goal ±{SR_GOAL:.0%}")
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(ys, [f"{c['method']} K{c['K']} L{c['L']}" for c in paired], fontsize=7)
+        ax.set_xlabel("SR prediction error (%), 95% CI")
+        ax.set_ylim(-0.6, len(paired) - 0.4)
+        ax.grid(alpha=0.3, axis="x")
+        ax.legend(fontsize=6, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
