@@ -165,11 +165,11 @@ def _queue(env: dict[str, str]) -> list[tuple[str, str]]:
 def test_slurm_multirun_survives_a_cancelled_job(slurm: dict[str, str], tmp_path: Path) -> None:
     res = tmp_path / "res"
     # one job at a time (humaneval first, then gsm8k), 7 cells each (AR, then sd, bv, gbv at L = 2 and 3;
-    # 8 prompts of 64 tokens, about a second a cell): the cancel lands in the middle of the first job
+    # 8 prompts of 128 tokens, about two seconds a cell): the cancel lands in the middle of the first job
     launcher = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1",
                 "hydra.launcher.gpus_per_node=null", "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=10",
                 "hydra.launcher.array_parallelism=1"]
-    cmd = multirun(res, launcher, methods="[ar,sd,bv,gbv]", prompts=8, tokens=64)
+    cmd = multirun(res, launcher, methods="[ar,sd,bv,gbv]", prompts=8, tokens=128)  # ~2 s a cell: the cancel lands midway on a fast VM too
     first = subprocess.Popen(cmd, cwd=REPO, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cancelled, before = None, {}
     deadline = time.time() + 300
