@@ -192,7 +192,7 @@ def test_each_real_run_is_counted_by_the_law_given_its_own_output(method: str, K
     from mdv.drafters.registry import get_drafter
     from mdv.engine import generate
     from mdv.models.sampling import SamplingConfig
-    from mdv.paired.trajectory import survival_given_output, target_laws_along
+    from mdv.paired.trajectory import laws_along, survival_given_output
     from tests.test_hf_model import tiny_pair
 
     target, draft = tiny_pair(vocab_size=12, seed=3, noise=1.0, scale=8.0)
@@ -213,7 +213,7 @@ def test_each_real_run_is_counted_by_the_law_given_its_own_output(method: str, K
         if s == 299:  # the one-pass laws are the engine's AR laws (float32 rounding apart)
             x = generate(target, None, prompt, "ar", temperature=T, max_new_tokens=n, seed=s, eos_token_id=[]).tokens
             logits = target.new_session().extend(torch.tensor([prompt + x[:-1]]))[0, len(prompt) - 1:]  # [n, V]
-            np.testing.assert_allclose(torch.stack(target_laws_along(target, prompt, x, sampling)).numpy(),
+            np.testing.assert_allclose(laws_along(target, prompt, x, sampling).numpy(),
                                        sampling.probs(logits).double().numpy(), atol=1e-6)
     diff, calls = np.array(diff), np.array(calls, dtype=np.float64)
     z = diff.mean() / (diff.std(ddof=1) / math.sqrt(diff.size))

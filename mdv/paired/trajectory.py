@@ -120,42 +120,37 @@ def survival_along(drafter: Any, prompt: Sequence[int], tokens: Sequence[int], l
     with torch.inference_mode():
         p = torch.stack([law.to(torch.float64).cpu() for law in laws])  # [n, V]
         if isinstance(drafter, ModelDrafter):
-            from mdv.models.session import open_session
-
-            session = open_session(drafter.model)
-            logits = session.extend(torch.tensor([seq[:-1]], dtype=torch.long, device=session.device))[0]
-            q = sampling.probs(logits[P - 1:]).to(torch.float64).cpu()  # [n, V]: q(. | seq[:P + i])
+            q = laws_along(drafter.model, prompt, tokens, sampling)  # [n, V]: q(. | seq[:P + i])
         else:
             q = torch.stack([drafter.reference_law(seq[:P + i], sampling).to(torch.float64).cpu() for i in range(n)])
         y = torch.tensor(list(tokens), dtype=torch.long)
         return kseq_survival(p, q, y, K_max).tolist()
 
 
-def target_laws_along(target: Any, prompt: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig
-                      ) -> list[Tensor]:
-    """[n] of [V] float64: p(. | prompt + tokens[:i]) under ``sampling``, i = 0..n-1, from ONE target pass over
-    ``prompt + tokens[:-1]`` (a trajectory's laws when the tokens did not come from :class:`TreeTrajectory`,
-    e.g. a real generation's output)."""
+def laws_along(model: Any, prompt: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> Tensor:
+    """[n, V] float64: model(. | prompt + tokens[:i]) under ``sampling``, i = 0..n-1, from ONE pass over
+    ``prompt + tokens[:-1]`` (the draft's laws along a trajectory; the target's along an output that did not
+    come from :class:`TreeTrajectory`, e.g. a real generation's)."""
     from mdv.models.session import open_session
 
     seq, P = list(prompt) + list(tokens), len(prompt)
-    if not tokens:
-        return []
     with torch.inference_mode():
-        session = open_session(target)
+        session = open_session(model)
         logits = session.extend(torch.tensor([seq[:-1]], dtype=torch.long, device=session.device))[0]
-        return list(sampling.probs(logits[P - 1:]).to(torch.float64).cpu())  # [n] of [V]
+        return sampling.probs(logits[P - 1:]).to(torch.float64).cpu()  # [n, V]
 
 
 def survival_given_output(target: Any, drafter: Any, prompt: Sequence[int], tokens: Sequence[int],
                           sampling: SamplingConfig, K_max: int) -> list[list[list[float]]]:
     """:func:`survival_along` for any output of a lossless run (a real ``sd`` / ``spectr`` generation's
-    tokens): the target laws from one pass (:func:`target_laws_along`).  The law holds for any output
+    tokens): the target laws from one pass (:func:`laws_along`).  The law holds for any output
     because, given the output up to i, the survivors at i say nothing of the tokens after it (each
     iteration's output is p-distributed whatever drafts survive), so a run's own output gives E[N | x]
     for that very run (:mod:`mdv.paired.renewal`, (4))."""
-    return survival_along(drafter, prompt, tokens, target_laws_along(target, prompt, tokens, sampling), sampling,
+    if not tokens:
+        return []
+    return survival_along(drafter, prompt, tokens, list(laws_along(target, prompt, tokens, sampling)), sampling,
                           K_max)
 
 
-__all__ = ["TreeTrajectory", "survival_along", "survival_given_output", "target_laws_along"]
+__all__ = ["TreeTrajectory", "survival_along", "laws_along", "survival_given_output"]
