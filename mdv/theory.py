@@ -160,7 +160,37 @@ def summary(rows: list[Row]) -> dict:
         spectr_gbv_below_spectr=sum(sgbv[k] < spectr[k] - 1e-12 for k in common),
         multi_draft_cells=len(common),
         monotonicity=monotonicity_violations(rows),
+        best_by_shape=best_exact_by_shape(rows),
+        dominance=dominance(rows),
     )
+
+
+def best_exact_by_shape(rows: Iterable[Row]) -> list[dict]:
+    """Per (K, L) with K >= 2: each exact (lossless-flagged) rule's mean fraction of LP-greedy over the cells of
+    that shape, the best rule and its lead over the runner-up."""
+    by_shape: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for r in rows:
+        if r.K >= 2 and VERIFIERS[r.method].lossless and r.lp_greedy > 0:
+            by_shape.setdefault((r.K, r.L), {}).setdefault(r.method, []).append(r.expected_accepted / r.lp_greedy)
+    out = []
+    for (K, L), per in sorted(by_shape.items()):
+        means = sorted(((float(np.mean(v)), m) for m, v in per.items()), reverse=True)
+        out.append(dict(K=K, L=L, cells=max(len(v) for v in per.values()), means={m: f for f, m in means},
+                        best=means[0][1], lead=means[0][0] - means[1][0] if len(means) > 1 else math.nan))
+    return out
+
+
+def dominance(rows: Iterable[Row], tol: float = 1e-9) -> dict[str, tuple[int, int]]:
+    """method -> (cells where its E[tau] >= every other exact multi-draft rule's - tol, multi-draft cells)."""
+    cells: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r.K >= 2 and VERIFIERS[r.method].lossless:
+            cells.setdefault((r.seed, r.V, r.temperature, r.K, r.L), {})[r.method] = r.expected_accepted
+    out = {}
+    for m in {m for c in cells.values() for m in c}:
+        have = [c for c in cells.values() if m in c]
+        out[m] = (sum(c[m] >= max(c.values()) - tol for c in have), len(have))
+    return out
 
 
 def _fmt(x: float, digits: int = 4) -> str:
@@ -197,6 +227,19 @@ def write_outputs(rows: list[Row], out_dir: Path, cfg: TheoryConfig, seconds: fl
               "| method | lossless | mean | worst cell |", "|---|---|---|---|"]
     lines += [f"| {m} | {s['per_method'][m]['lossless_flag']} | {_fmt(s['per_method'][m]['lp_greedy_fraction_mean'])} |"
               f" {_fmt(s['per_method'][m]['lp_greedy_fraction_worst'])} |" for m in multi]
+    shapes = s["best_by_shape"]
+    if shapes:
+        exact = [m for m in multi if VERIFIERS[m].lossless]
+        lines += ["", "## Best exact rule per K and L (mean fraction of LP-greedy over the cells of that shape)", "",
+                  "| K | L | cells | " + " | ".join(exact) + " | best | lead over the runner-up |",
+                  "|" + "---|" * (3 + len(exact) + 2)]
+        for d in shapes:
+            lines.append(f"| {d['K']} | {d['L']} | {d['cells']} | "
+                         + " | ".join(_fmt(d["means"].get(m, math.nan)) for m in exact)
+                         + f" | {d['best']} | {_fmt(d['lead'])} |")
+        lines += ["", "Cells (K >= 2) where a rule's E[tau] is at least every other exact rule's (to 1e-9): "
+                  + ", ".join(f"{m} {a}/{n}" for m, (a, n) in sorted(s["dominance"].items(),
+                                                                  key=lambda kv: -kv[1][0]))]
     lines += ["", "## Claims", "",
               f"- The paper's claimed value (φ-sum) is below the exact LP-greedy optimum in {s['claim_below_lp_greedy']}"
               f" of {s['claim_cells']} cells.",

@@ -50,7 +50,7 @@ from tests.test_analysis import HE, write_cell
 
 REPO = Path(__file__).resolve().parent.parent
 ME = "tests.test_bad_input_matrix"
-ALL_VERIFIERS = "bv, gbv, mdbv, mpbv, sd, spectr, spectr_gbv"
+ALL_VERIFIERS = "bv, gbv, mdbv, mpbv, sd, select_gbv, spectr, spectr_gbv"
 PROMPT = [1, 5, 7]
 
 

@@ -26,7 +26,7 @@ from mdv.sweep import RunConfig, Task, expand_grid, to_run_config, validate
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "mdv" / "conf"
 GROUPS = ("method", "drafter", "models", "dataset", "sampling", "sweep", "logger", "paired", "experiment")
-ALL_METHODS = ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "spectr", "spectr_gbv"]  # the baseline, then the registry (name order)
+ALL_METHODS = ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "select_gbv", "spectr", "spectr_gbv"]  # the baseline, then the registry (name order)
 ALL_DATASETS = ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"]
 
 

@@ -32,7 +32,7 @@ from mdv.models.tiny_random import build_tiny_random_pair
 from mdv.sweep import expand_grid, prompt_seed, read_cell, run_sweep
 from tests.test_sweep import REPO, stub_format, stub_prompts, tiny_config
 
-METHODS = ["ar", "sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv", "mpbv"]
+METHODS = ["ar", "sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv", "mpbv", "select_gbv"]
 assert set(METHODS) == {"ar", *mdv.VERIFIERS}, "a method was added: list it here"
 T = 1.0
 GRID = {"method.names": METHODS, "dataset.names": ["humaneval"], "sweep.seeds": [0, 7],

@@ -20,7 +20,7 @@ from mdv.verify.registry import VERIFIERS, register_verifier
 from mdv.verify.sd import SpeculativeSampling
 
 REPO = Path(__file__).resolve().parent.parent
-BUILTINS = ["bv", "gbv", "mdbv", "mpbv", "sd", "spectr", "spectr_gbv"]
+BUILTINS = ["bv", "gbv", "mdbv", "mpbv", "sd", "select_gbv", "spectr", "spectr_gbv"]
 
 PLUGIN = {
     "pyproject.toml": """
@@ -57,11 +57,11 @@ PLUGIN = {
 
 
 def test_builtins_fill_the_registry_and_every_list_derives_from_it() -> None:
-    assert list(VERIFIERS)[:7] == BUILTINS
-    assert [m.value for m in Method][:8] == ["ar", *BUILTINS]
+    assert list(VERIFIERS)[:8] == BUILTINS
+    assert [m.value for m in Method][:9] == ["ar", *BUILTINS]
     # the preset lists of mdv/conf/method, from the classes' own flags
-    assert method_names("lossless")[:7] == ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "spectr"]
-    assert method_names("multi_draft")[:6] == ["ar", "mdbv", "mpbv", "sd", "spectr", "spectr_gbv"]
+    assert method_names("lossless")[:8] == ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "select_gbv", "spectr"]
+    assert method_names("multi_draft")[:7] == ["ar", "mdbv", "mpbv", "sd", "select_gbv", "spectr", "spectr_gbv"]
     with pytest.raises(InvalidInputError, match="unknown method list 'fast'"):
         method_names("fast")
 

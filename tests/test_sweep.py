@@ -130,8 +130,8 @@ def test_grid_expansion_collapses_ar_and_single_draft_axes() -> None:
 
 def test_smoke_grid_has_every_method_and_dataset() -> None:
     cells = expand_grid(RunConfig())  # the schema defaults are the smoke preset's grid
-    assert len(cells) == 5 * 8
-    assert {c.method for c in cells} == {"ar", "sd", "spectr", "bv", "gbv", "spectr_gbv", "mdbv", "mpbv"}
+    assert len(cells) == 5 * 9
+    assert {c.method for c in cells} == {"ar", "sd", "spectr", "bv", "gbv", "spectr_gbv", "mdbv", "mpbv", "select_gbv"}
     assert {c.dataset for c in cells} == {"gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"}
     multi = {c.K for c in cells if c.method in ("spectr", "spectr_gbv", "mdbv")}
     assert multi == {3} and {c.K for c in cells if c.method in ("sd", "bv", "gbv")} == {1}
@@ -142,8 +142,8 @@ def test_method_schema_lists_exactly_the_registered_methods() -> None:
     checks names against it at compose time): the baseline, then every built-in verifier."""
     from mdv.engine import valid_methods
 
-    assert [m.value for m in sweep.Method] == valid_methods() == ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "spectr",
-                                                                  "spectr_gbv"]
+    assert [m.value for m in sweep.Method] == valid_methods() == ["ar", "bv", "gbv", "mdbv", "mpbv", "sd", "select_gbv",
+                                                                  "spectr", "spectr_gbv"]
 
 
 def test_cell_id_depends_on_every_config_field() -> None:
@@ -535,8 +535,8 @@ def test_tiny_multirun_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     files = sorted((results / "cells").glob("*.json"))
-    # per dataset: 1 AR + (sd, bv, gbv at K = 1; spectr, mdbv, mpbv at K = 2) x L in {2, 3}
-    assert len(files) == 2 * (1 + 6 * 2)
+    # per dataset: 1 AR + (sd, bv, gbv at K = 1; spectr, mdbv, mpbv, select_gbv at K = 2) x L in {2, 3}
+    assert len(files) == 2 * (1 + 7 * 2)
     recs = [_strict(p) for p in files]
     assert all(set(r) == TOP_KEYS and r["status"] == "ok" for r in recs)
     assert {r["config"]["dataset"] for r in recs} == {"humaneval", "gsm8k"}

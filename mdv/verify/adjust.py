@@ -15,6 +15,11 @@ draft, anchored at that draft's exit point.  For |v| >= L the target is p again.
 A window stores, at the current position v, the log-joints ``log T_{j-1}(v)`` of every level and
 ``log Q(v)``; applying it to a target vector costs O(levels · V), and advancing it along a token is
 a gather.  Windows nest: the newest applies on top of the older ones, at most L deep.
+
+``select_gbv`` verifies one draft *selected* from K, whose law Q_S is not the product of q
+(:mod:`mdv.verify.selection`): its window (one level) replaces ``q(.|v)`` by the selected law's
+conditional ``q_S(.|v)``, which depends on the survivor-count law pi_v that the window carries and
+advances along the generated text (one :func:`~mdv.verify.selection.node_step` per covered position).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import torch
 from torch import Tensor
 
 from mdv.verify._math import normalize_or, safe_ratio
+from mdv.verify.selection import advance_survivors, node_step, root_survivors
 
 
 def residual_chain_step(cond0: Tensor, q: Tensor, log_joint: Sequence[Tensor], log_q: Tensor) -> list[Tensor]:
@@ -50,9 +56,11 @@ class Window:
     anchors:   the exit prefixes u_1..u_m of its levels (relative to the window start).
     depth:     relative depth of the current position (tokens emitted since the window start).
     log_joint: log T_{j-1}(v) at the current position, j = 1..m.
-    log_q:     log Q(v) at the current position.
+    log_q:     log Q(v) at the current position (log Q_S(v) for a selection window).
     base:      key of the state the window was made under: the law below it (T_0) depended on the
                windows active then, even after they expire.
+    selection: '' for a product-law window; else the walk mode of ``select_gbv`` (its Q is Q_S).
+    survivors: pi_v, the survivor-count law at the current position ([K+1], selection windows only).
     """
 
     length: int
@@ -61,6 +69,8 @@ class Window:
     log_joint: tuple[float, ...]
     log_q: float
     base: tuple = ()
+    selection: str = ""
+    survivors: tuple[float, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -68,7 +78,7 @@ class Window:
 
     def key(self) -> tuple:
         # With the generated prefix, these determine the log-joints (they are products along it).
-        return (self.length, self.anchors, self.depth, self.base)
+        return (self.length, self.anchors, self.depth, self.base) + ((self.selection,) if self.selection else ())
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,21 @@ class AdjustedTarget:
 
     def key(self) -> tuple:
         return tuple(w.key() for w in self.windows)
+
+
+def window_draft_law(selection: str, cond: Tensor, q: Tensor, log_joint0: Tensor, log_q: Tensor,
+                     pi: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The draft law a window's residual subtracts at one position, and the selection walk's ``nxt``.
+
+    cond: [N, V] the law below the window; q: [N, V] the draft rows; log_joint0, log_q: [N] log T_0(v),
+    log Q(v); pi: [N, K+1] or None.  A product-law window (selection '') returns (q, None); a selection
+    window returns (q_S(.|v) [N, V], nxt [N, V, K+1]) of :func:`~mdv.verify.selection.node_step` with
+    the ratio T_0(v)/Q_S(v) -- the quantities the iteration that made the window used at v.
+    """
+    if not selection:
+        return q, None
+    _, nxt = node_step(cond, q, safe_ratio(log_joint0, log_q), pi, selection)
+    return nxt.sum(-1), nxt
 
 
 def apply_windows(state: AdjustedTarget | None, tokens: Tensor, p: Tensor, q: Tensor) -> Tensor:
@@ -94,51 +119,73 @@ def apply_windows(state: AdjustedTarget | None, tokens: Tensor, p: Tensor, q: Te
     out = p.clone()
     scalars = [([torch.full((B, K), lj, dtype=p.dtype, device=p.device) for lj in w.log_joint],
                 torch.full((B, K), w.log_q, dtype=p.dtype, device=p.device)) for w in state.windows]
+    survivors = [torch.tensor(w.survivors, dtype=p.dtype, device=p.device).expand(B * K, -1) if w.selection else None
+                 for w in state.windows]  # [B*K, K'+1] per selection window
+    V = p.shape[-1]
     for i in range(L + 1):
         cond = p[:, :, i]
-        for w, (log_joint, log_q) in zip(state.windows, scalars):
+        for n, (w, (log_joint, log_q)) in enumerate(zip(state.windows, scalars)):
             if w.depth + i >= w.length:
                 continue
             if i >= L:  # cannot happen: a window is at least one token deep when a block starts
                 raise RuntimeError("a target-adjustment window reaches the bonus position")
-            conds = residual_chain_step(cond, q[:, :, i], log_joint, log_q)
             tok = tokens[:, :, i].unsqueeze(-1)
+            q_row, nxt = window_draft_law(w.selection, cond.reshape(-1, V), q[:, :, i].reshape(-1, V),
+                                          log_joint[0].reshape(-1), log_q.reshape(-1), survivors[n])
+            q_row = q_row.view(B, K, V)
+            conds = residual_chain_step(cond, q_row, log_joint, log_q)
             for j in range(len(log_joint)):
                 log_joint[j] = log_joint[j] + conds[j].gather(-1, tok).squeeze(-1).log()
-            scalars_q = q[:, :, i].gather(-1, tok).squeeze(-1).log()
-            log_q.add_(scalars_q)
+            log_q.add_(q_row.gather(-1, tok).squeeze(-1).log())
+            if nxt is not None:
+                survivors[n] = advance_survivors(nxt, tok.reshape(-1))[1]
             cond = conds[-1]
         out[:, :, i] = cond
     return out
 
 
 def advance_state(state: AdjustedTarget | None, path: Sequence[int], p_path: Tensor, q_path: Tensor,
-                  length: int, anchors: Sequence[tuple[int, ...]] | None) -> AdjustedTarget:
+                  length: int, anchors: Sequence[tuple[int, ...]] | None,
+                  selection: tuple[str, int] | None = None) -> AdjustedTarget:
     """The state after the tokens ``path`` were emitted by one iteration.
 
     path: the emitted tokens (accepted prefix, then the correction or bonus token);
     p_path: [n, V] raw target law at each emitted position; q_path: [n', V] draft law at those
     positions (n' >= the positions any window covers); length: this iteration's L;
     anchors: the exit prefixes of the new window's levels (relative to this block's start), or
-    None when the iteration leaves no adjustment (a full block was accepted).
+    None when the iteration leaves no adjustment (a full block was accepted);
+    selection: (walk mode, K) when the iteration verified a selected draft (``select_gbv``): its window
+    subtracts Q_S, walked from the block start (pi = e_K) along the path.
     """
+    dt = p_path.dtype
     old = list(state.windows) if state is not None else []
-    old_scalars = [[list(w.log_joint), w.log_q] for w in old]
+    old_scalars = [[list(w.log_joint), w.log_q, torch.tensor([w.survivors], dtype=dt) if w.selection else None]
+                   for w in old]
     new_log_joint = [0.0] * len(anchors or ())
     new_log_q = 0.0
+    new_pi = root_survivors(selection[1], torch.zeros(1)) if (anchors and selection) else None
     for i, tok in enumerate(path):
         cond = p_path[i]
+        tok_t = torch.tensor([tok])
         for w, sc in zip(old, old_scalars):
             if w.depth + i >= w.length:
                 continue
-            log_joint = [torch.tensor(x, dtype=p_path.dtype) for x in sc[0]]
-            conds = residual_chain_step(cond, q_path[i], log_joint, torch.tensor(sc[1], dtype=p_path.dtype))
+            log_joint = [torch.tensor(x, dtype=dt) for x in sc[0]]
+            q_row, nxt = window_draft_law(w.selection, cond[None], q_path[i][None], log_joint[0].reshape(1),
+                                          torch.tensor([sc[1]], dtype=dt), sc[2])
+            conds = residual_chain_step(cond, q_row[0], log_joint, torch.tensor(sc[1], dtype=dt))
             sc[0] = [x + float(conds[j][tok].log()) for j, x in enumerate(sc[0])]
-            sc[1] = sc[1] + float(q_path[i][tok].log())
+            sc[1] = sc[1] + float(q_row[0][tok].log())
+            if nxt is not None:
+                sc[2] = advance_survivors(nxt, tok_t)[1]
             cond = conds[-1]
         if anchors:
             # The new window's levels along the emitted path: before its anchor a level is the point
             # mass on the anchor's next token (its law is supported on strings extending the anchor).
+            q_row, nxt = window_draft_law(selection[0] if selection else "", cond[None], q_path[i][None],
+                                          torch.tensor([new_log_joint[0]], dtype=dt), torch.tensor([new_log_q], dtype=dt),
+                                          new_pi)
+            q_row = q_row[0]
             conds = [cond]
             for j, u in enumerate(anchors):
                 if i < len(u):
@@ -146,12 +193,18 @@ def advance_state(state: AdjustedTarget | None, path: Sequence[int], p_path: Ten
                 else:
                     ratio = safe_ratio(torch.tensor(new_log_joint[j], dtype=cond.dtype),
                                        torch.tensor(new_log_q, dtype=cond.dtype))
-                    conds.append(normalize_or(ratio * conds[-1] - q_path[i], conds[-1]))
+                    conds.append(normalize_or(ratio * conds[-1] - q_row, conds[-1]))
             new_log_joint = [x + float(conds[j][tok].log()) for j, x in enumerate(new_log_joint)]
-            new_log_q += float(q_path[i][tok].log())
+            new_log_q += float(q_row[tok].log())
+            if nxt is not None:
+                new_pi = advance_survivors(nxt, tok_t)[1]
     n = len(path)
-    windows = [Window(w.length, w.anchors, w.depth + n, tuple(sc[0]), sc[1], w.base) for w, sc in zip(old, old_scalars)]
+    windows = [Window(w.length, w.anchors, w.depth + n, tuple(sc[0]), sc[1], w.base, w.selection,
+                      tuple(float(x) for x in sc[2][0]) if sc[2] is not None else ())
+               for w, sc in zip(old, old_scalars)]
     if anchors:
         base = state.key() if state is not None else ()
-        windows.append(Window(length, tuple(tuple(u) for u in anchors), n, tuple(new_log_joint), new_log_q, base))
+        windows.append(Window(length, tuple(tuple(u) for u in anchors), n, tuple(new_log_joint), new_log_q, base,
+                              selection[0] if selection else "",
+                              tuple(float(x) for x in new_pi[0]) if new_pi is not None else ()))
     return AdjustedTarget(tuple(w for w in windows if w.active))

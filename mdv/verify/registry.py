@@ -25,7 +25,7 @@ from mdv.verify.base import Verifier
 #: The entry-point group third-party verifiers register under.
 ENTRY_POINT_GROUP = "mdv.verifiers"
 #: Modules of ``mdv.verify`` that hold shared code, not a verifier.
-_NOT_VERIFIERS = frozenset({"base", "registry", "adjust"})
+_NOT_VERIFIERS = frozenset({"base", "registry", "adjust", "selection"})
 
 VERIFIERS: dict[str, type[Verifier]] = Registry(ENTRY_POINT_GROUP, "Verifier", lambda cls: register_verifier(cls))
 V = TypeVar("V", bound=type)

@@ -1,0 +1,427 @@
+"""``select_gbv``: select one of the K i.i.d. drafts by a walk whose law is known, then greedy block
+verification (GBV, algorithms.md §5) of that draft against its own law Q_S, with the target adjustment.
+Letters of algorithms.md §1: p = target, q = draft, K drafts of length L.
+
+**Why this shape.**  Single-draft GBV handed a draft D ~ Q' and the exact conditionals of Q' along D
+accepts ``E[tau] = sum_{i<=L} sum_{|v|=i} min(P(v), Q'(v))`` and is lossless with its target adjustment
+(§5; the proof uses only that D ~ Q' and that the verifier knows Q').  So every selection rule whose law Q_S
+is computable along the drafts gives an exact verifier, and
+
+* **Dominance by coupling.**  If some exact verifier A's accepted prefix is always a prefix of the selected
+  draft, then ``Pr(A accepts ⪰ v) <= min(P(v), Q_S(v))`` for every v (accepted tokens are final, so their
+  law is at most the target's; and they lie on the selected draft), hence E[tau_A] <= E[tau] of this rule.
+  The ``kseq`` walk extends SpecTr's accepted prefix (SpecTr continues exactly where the walk keeps a
+  drafted token), so ``select_gbv(selection="kseq") >= spectr`` on every context; the ``lex`` walk selects
+  ``mpbv``'s lexicographic maximum, and GBV >= BV for one draft of known law, so
+  ``select_gbv(selection="lex") >= mpbv``.
+* **The default** (``selection="choose"``) picks, at every prefix, the token rule with the larger
+  contribution to that sum (:mod:`mdv.verify.selection`).  The choice depends only on the prefix, so it
+  keeps Q_S a function of the prefix and the rule exact; its dominance over ``spectr``, ``mdbv`` and ``mpbv``
+  is *measured* (``experiments/theory``, ``tests/test_verify_select_gbv.py``), not proven.
+* At K = 1 nothing is selected (Q_S = q exactly) and the rule is ``gbv``, draw for draw.
+
+**The rule.**  Walk the survivors S (:mod:`mdv.verify.selection`) to the selected draft D = D_sel; along D
+the law of the selected draft has the conditionals q_S(.|D_<i) (full rows) and joints Q_S(D_<=i).  With
+the effective target P (older windows applied),
+
+    h_i = (min(P(u), Q_S(u)) - s(u)) / (Q_S(u) - s(u)),  s(u) = sum_x min(P(u·x), Q_S(u·x)),  u = D_<=i  (i < L),
+    h_L = min(1, P(D)/Q_S(D)),        tau = max{i : eta_i < h_i},
+
+extra token ``norm((P(u·x) - Q_S(u·x))_+)`` at u = D_<=tau, or the bonus p(.|c, D) at tau = L.  An early
+exit leaves a window whose residual subtracts Q_S (:mod:`mdv.verify.adjust`, a selection window).
+
+**Randomness** (:class:`~mdv.verify.base.Uniforms`).  GBV's test at depth i: ``coins[:, 0, i-1]``; the
+K-SEQ walk at depth i: ``coins[:, 1, i]`` picks the first accepted survivor (one inverse-CDF draw over
+"survivor j is the first accepted, or none"), ``draws[:, i]`` the residual y; the extra token:
+``draws[:, L]`` (K >= 2) or ``draws[:, tau]`` (K = 1, as ``gbv``).  All distinct, so independent.
+
+**Cost** (one instance).  Per depth of the selected draft, :func:`~mdv.verify.selection.node_step` for the
+survivor counts still possible: O(K^3 V) for ``kseq`` plus a sort of V for ``lex``; the rows of a prefix
+are computed once and shared by the drafts through it.  Nothing grows with V^L or with draft tuples.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from mdv.errors import InvalidInputError
+from mdv.verify._math import categorical, last_accepted, last_accepted_law, normalize_or, safe_ratio
+from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows
+from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
+from mdv.verify.gbv import greedy_block_h, greedy_residual
+from mdv.verify.mpbv import ratio_scores
+from mdv.verify.registry import register_verifier
+from mdv.verify.selection import MODES, advance_survivors, node_step, root_survivors
+from mdv.verify.spectr import kseq_accept_prob, kseq_residual, kseq_rho
+
+
+@dataclass
+class _Prefix:
+    """The walk at one prefix u: rows, the chosen rule and the selected law's next-token data."""
+
+    p: Tensor  # [V] effective target p(.|u)
+    q: Tensor | None  # [V] draft q(.|u) (None at depth L)
+    log_p: float  # log P(u)
+    log_q: float  # log Q_S(u)
+    pi: Tensor  # [K+1] survivor-count law
+    use_lex: bool = False
+    nxt: Tensor | None = None  # [V, K+1]
+    q_sel: Tensor | None = None  # [V] q_S(.|u)
+    kseq: dict[int, tuple[Tensor, Tensor]] | None = None  # m -> (beta [V], K-SEQ residual [V])
+
+
+class _Walk:
+    """The selected law along the drafts of one call, one instance b at a time.  A prefix's rows are read
+    from the *first* draft through it (SpecTr's convention: in exact arithmetic all drafts through a prefix
+    carry the same rows), so every quantity is a function of (b, prefix), computed once."""
+
+    def __init__(self, block: Block, p_eff: Tensor, mode: str) -> None:
+        self.block, self.p_eff, self.mode = block, p_eff, mode
+        self.tokens = block.tokens.long()
+        self.memo: dict[tuple[int, tuple[int, ...]], _Prefix] = {}
+        self.shared: dict[tuple, _Prefix] = {}
+        self.gbv_memo: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def at(self, b: int, k: int, i: int) -> _Prefix:
+        """The prefix of length i of draft k of instance b."""
+        prefix = self.tokens[b, k, :i]
+        key = (b, tuple(prefix.tolist()))
+        node = self.memo.get(key)
+        if node is not None:
+            return node
+        head = int((self.tokens[b, :, :i] == prefix).all(-1).to(torch.int8).argmax())  # first draft through it
+        parent = self.at(b, head, i - 1) if i > 0 else None
+        p_row, q_row = self.p_eff[b, head, i], (self.block.q[b, head, i] if i < self.block.L else None)
+        # instances whose prefixes carry the same rows share the node (the oracle's instances share a context)
+        content = (id(parent), int(prefix[-1]) if i else -1, p_row.cpu().numpy().tobytes(),
+                   q_row.cpu().numpy().tobytes() if q_row is not None else b"")
+        node = self.shared.get(content)
+        if node is None:
+            node = self._make(parent, int(prefix[-1]) if i else -1, p_row, q_row)
+            self.shared[content] = node
+        self.memo[key] = node
+        return node
+
+    def _make(self, parent: _Prefix | None, x: int, p_row: Tensor, q_row: Tensor | None) -> _Prefix:
+        if parent is None:
+            log_p, log_q, pi = 0.0, 0.0, root_survivors(self.block.K, torch.zeros(()))
+        else:
+            mass, pi = advance_survivors(parent.nxt.unsqueeze(0), torch.tensor([x]))
+            log_p = parent.log_p + float(parent.p[x].log())  # -inf where the target gives the drafted token 0
+            log_q, pi = parent.log_q + float(mass[0].log()), pi[0]
+        node = _Prefix(p_row, q_row, log_p, log_q, pi)
+        if q_row is not None:
+            ratio = safe_ratio(torch.tensor([log_p]), torch.tensor([log_q]))
+            use_lex, nxt = node_step(p_row[None], q_row[None], ratio, pi[None], self.mode)
+            node.use_lex, node.nxt = bool(use_lex[0]), nxt[0]
+            node.q_sel = nxt[0].sum(-1)
+        return node
+
+    # ------------------------------------------------------------------ the selection
+    def _kseq_parts(self, node: _Prefix, m: int) -> tuple[Tensor, Tensor]:
+        """(beta [V] per-draft acceptance, the K-SEQ residual [V]) with m survivors."""
+        if node.kseq is None:
+            node.kseq = {}
+        if m not in node.kseq:
+            rho = kseq_rho(node.p[None], node.q[None], m)
+            node.kseq[m] = (kseq_accept_prob(node.p, node.q, rho), kseq_residual(node.p[None], node.q[None], m, rho)[0])
+        return node.kseq[m]
+
+    def _lex_token(self, node: _Prefix, toks: list[int]) -> int:
+        r = ratio_scores(node.p, node.q)
+        return max(toks, key=lambda x: (float(r[x]), -x))
+
+    def select(self, b: int, uniforms: Uniforms) -> int:
+        """The selected draft of instance b on its uniforms."""
+        S = list(range(self.block.K))
+        for i in range(self.block.L):
+            if len(S) == 1:
+                break
+            node = self.at(b, S[0], i)
+            toks = [int(self.tokens[b, s, i]) for s in S]
+            if node.use_lex:
+                x = self._lex_token(node, toks)
+            else:
+                beta, res = self._kseq_parts(node, len(S))
+                u, cum, rest, x = float(uniforms.coins[b, 1, i]), 0.0, 1.0, None
+                for t in toks:
+                    a = rest * float(beta[t])
+                    if u < cum + a:
+                        x = t
+                        break
+                    cum, rest = cum + a, rest - a
+                if x is None:
+                    y = int(categorical(res, uniforms.draws[b, i]))
+                    x = y if y in toks else toks[0]
+            S = [s for s, t in zip(S, toks) if t == x]
+        return S[0]
+
+    def selection_law(self, b: int) -> dict[int, float]:
+        """sel -> Pr(sel | drafts of instance b), by branching the walk."""
+        out: dict[int, float] = {}
+
+        def walk(S: list[int], i: int, prob: float) -> None:
+            if prob <= 0.0:
+                return
+            if i == self.block.L or len(S) == 1:
+                out[S[0]] = out.get(S[0], 0.0) + prob
+                return
+            node = self.at(b, S[0], i)
+            toks = [int(self.tokens[b, s, i]) for s in S]
+            children: dict[int, float] = {}
+            if node.use_lex:
+                children[self._lex_token(node, toks)] = prob
+            else:
+                beta, res = self._kseq_parts(node, len(S))
+                rest = prob
+                for t in toks:
+                    a = rest * float(beta[t])
+                    children[t] = children.get(t, 0.0) + a
+                    rest -= a
+                drafted = set(toks)
+                for t in drafted:
+                    children[t] = children.get(t, 0.0) + rest * float(res[t])
+                undrafted = 1.0 - sum(float(res[t]) for t in drafted)
+                children[toks[0]] = children.get(toks[0], 0.0) + rest * max(undrafted, 0.0)
+            for t, w in children.items():
+                walk([s for s, x in zip(S, toks) if x == t], i + 1, w)
+
+        walk(list(range(self.block.K)), 0, 1.0)
+        return out
+
+    # ------------------------------------------------------------------ GBV along the selected draft
+    def along(self, b: int, sel: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(log P [L+1], log Q_S [L+1], p rows [L+1, V], q_S rows [L, V]) along draft sel."""
+        L = self.block.L
+        nodes = [self.at(b, sel, i) for i in range(L + 1)]
+        log_p = torch.tensor([n.log_p for n in nodes], dtype=torch.float64)
+        log_q = torch.tensor([n.log_q for n in nodes], dtype=torch.float64)
+        return log_p, log_q, torch.stack([n.p for n in nodes]), torch.stack([n.q_sel for n in nodes[:L]])
+
+    def gbv(self, b: int, sel: int) -> tuple[Tensor, Tensor]:
+        """(h [L], the extra-token laws after tau = 0..L [L+1, V]) along draft sel (once per distinct draft)."""
+        key = id(self.at(b, sel, self.block.L))  # the full block's node: shared by instances with equal rows
+        if key not in self.gbv_memo:
+            log_p, log_q, p_rows, q_rows = self.along(b, sel)
+            h = greedy_block_h(log_p, log_q, p_rows[:-1], q_rows)
+            residuals = greedy_residual(safe_ratio(log_p[:-1], log_q[:-1]), p_rows[:-1], q_rows)  # [L, V]
+            self.gbv_memo[key] = (h, torch.cat([residuals, p_rows[-1:]], 0))
+        return self.gbv_memo[key]
+
+
+@register_verifier
+class SelectGreedyBlockVerification(Verifier):
+    """``select_gbv``: a selected draft (K-SEQ or lexicographic walk, chosen per prefix) verified by greedy
+    block verification against its own law, with the target adjustment (module docstring)."""
+
+    name: ClassVar[str] = "select_gbv"
+    lossless: ClassVar[bool] = True
+    multi_draft: ClassVar[bool] = True
+    stateful: ClassVar[bool] = True
+
+    def __init__(self, selection: str = "choose") -> None:
+        if not isinstance(selection, str) or selection not in MODES:
+            raise InvalidInputError(
+                f"select_gbv option selection must be one of {', '.join(map(repr, MODES))}; got {selection!r}")
+        self.selection = selection
+        super().__init__()
+
+    # ------------------------------------------------------------------ state
+    def initial_state(self) -> AdjustedTarget:
+        return AdjustedTarget()
+
+    def effective_target(self, block: Block, state: Any) -> Tensor:
+        return apply_windows(state, block.tokens, block.p, block.q)
+
+    def state_key(self, state: Any) -> Any:
+        return state.key() if state is not None else ()
+
+    def advance(self, state: Any, block: Block, outcome: Outcome) -> Any:
+        tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
+        path = outcome.emitted(block, 0)
+        anchors = None if tau == block.L else [tuple(path[:tau])]
+        return advance_state(state, path, block.p[0, sel, :tau + 1], block.q[0, sel], block.L, anchors,
+                             selection=(self.selection, block.K))
+
+    # ------------------------------------------------------------------ the three views
+    def law(self, block: Block, state: Any = None) -> list[Branch]:
+        """Pr(sel | drafts) by branching the walk; given sel, GBV's law: (L+1) branches per selectable draft."""
+        walk = _Walk(block, self.effective_target(block, state), self.selection)
+        B, K, L, V = block.B, block.K, block.L, block.V
+        prob = torch.zeros(B, K, L + 1, dtype=torch.float64)
+        dists = torch.zeros(B, K, L + 1, V, dtype=torch.float64)
+        for b in range(B):
+            for sel, w in walk.selection_law(b).items():
+                h, d = walk.gbv(b, sel)
+                prob[b, sel] = w * last_accepted_law(h)
+                dists[b, sel] = d
+        out = []
+        for sel in range(K):
+            for t in range(L + 1):
+                out.append(Branch(prob[:, sel, t], torch.full((B,), sel, dtype=torch.long),
+                                  torch.full((B,), t, dtype=torch.long), dists[:, sel, t]))
+        return out
+
+    def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        walk = _Walk(block, self.effective_target(block, state), self.selection)
+        L = block.L
+        taus, sels, toks = [], [], []
+        for b in range(block.B):
+            sel = walk.select(b, uniforms)
+            log_p, log_q, p_rows, q_rows = walk.along(b, sel)
+            h = greedy_block_h(log_p, log_q, p_rows[:-1], q_rows)
+            tau = int(last_accepted(h, uniforms.coins[b, 0]))
+            if tau == L:
+                dist = p_rows[L]
+            else:
+                dist = greedy_residual(safe_ratio(log_p[tau], log_q[tau]), p_rows[tau], q_rows[tau])
+            draw = uniforms.draws[b, L] if block.K > 1 else uniforms.draws[b, tau]
+            taus.append(tau)
+            sels.append(sel)
+            toks.append(int(categorical(dist, draw)))
+        return Outcome(torch.tensor(taus, dtype=torch.long), torch.tensor(sels, dtype=torch.long),
+                       torch.tensor(toks, dtype=torch.long))
+
+    def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        """Scalar transcription: the walk with K-SEQ's sequential coin tests spelled out, the survivor law by
+        enumerating the m-tuples of next tokens (exponential in K: tests only), plain joints for GBV."""
+        p_all = self.effective_target(block, state)
+        K, L, V = block.K, block.L, block.V
+        taus, sels, toks = [], [], []
+        for b in range(block.B):
+            D = block.tokens[b].tolist()
+
+            def rows(s: int, i: int) -> tuple[list[float], list[float]]:
+                """The rows at draft s's prefix of length i, read from the first draft through that prefix."""
+                head = next(k for k in range(K) if D[k][:i] == D[s][:i])
+                return p_all[b, head, i].tolist(), (block.q[b, head, i].tolist() if i < L else [])
+
+            def lex_pick(pr: list[float], qr: list[float], cand: list[int]) -> int:
+                def r(x: int) -> float:
+                    return 0.0 if pr[x] <= 0.0 else (1.0 if qr[x] <= 0.0 else min(1.0, pr[x] / qr[x]))
+                return max(cand, key=lambda x: (r(x), -x))
+
+            def kseq_pick(pr: list[float], qr: list[float], cand: list[int], u: float, y_u: float) -> int:
+                pt, qt = torch.tensor([pr], dtype=torch.float64), torch.tensor([qr], dtype=torch.float64)
+                rho = float(kseq_rho(pt, qt, len(cand))[0])
+                rest = 1.0
+                lo = 0.0
+                for x in cand:  # sequential tests: draft j accepted given the earlier ones rejected
+                    a = 0.0 if qr[x] <= 0.0 else min(1.0, pr[x] / (rho * qr[x]))
+                    if u < lo + rest * a:
+                        return x
+                    lo, rest = lo + rest * a, rest * (1.0 - a)
+                res = kseq_residual(pt, qt, len(cand), torch.tensor([rho], dtype=torch.float64))[0]
+                y = int(categorical(res, torch.tensor(y_u, dtype=torch.float64)))
+                return y if y in cand else cand[0]
+
+            def kernel(pr: list[float], qr: list[float], m: int, rule: str) -> list[list[float]]:
+                """T_m(x, j) by enumerating the m next tokens and the walk's randomness."""
+                T = [[0.0] * (K + 1) for _ in range(V)]
+                if m == 1:
+                    for x in range(V):
+                        T[x][1] = qr[x]
+                    return T
+                pt, qt = torch.tensor([pr], dtype=torch.float64), torch.tensor([qr], dtype=torch.float64)
+                rho = float(kseq_rho(pt, qt, m)[0])
+                res = kseq_residual(pt, qt, m, torch.tensor([rho], dtype=torch.float64))[0].tolist()
+                for tup in __import__("itertools").product(range(V), repeat=m):
+                    w = math.prod(qr[x] for x in tup)
+                    if w == 0.0:
+                        continue
+                    if rule == "lex":
+                        x = lex_pick(pr, qr, list(tup))
+                        T[x][tup.count(x)] += w
+                        continue
+                    rest = w
+                    for x in tup:
+                        a = 0.0 if qr[x] <= 0.0 else min(1.0, pr[x] / (rho * qr[x]))
+                        T[x][tup.count(x)] += rest * a
+                        rest *= 1.0 - a
+                    for y in range(V):
+                        x = y if y in tup else tup[0]
+                        T[x][tup.count(x)] += rest * res[y]
+                return T
+
+            # the law of the selected draft at a prefix, from its survivor law and the prefix's rows
+            def step(pr: list[float], qr: list[float], P: float, Q: float, pi: list[float]) -> tuple[bool, list[list[float]]]:
+                mixed = {}
+                for rule in ("kseq", "lex"):
+                    acc = [[0.0] * (K + 1) for _ in range(V)]
+                    for m in range(1, K + 1):
+                        if pi[m] > 0.0:
+                            T = kernel(pr, qr, m, rule)
+                            for x in range(V):
+                                for j in range(K + 1):
+                                    acc[x][j] += pi[m] * T[x][j]
+                    mixed[rule] = acc
+                if self.selection != "choose":
+                    return self.selection == "lex", mixed[self.selection]
+                score = {rule: sum(min(P / Q * pr[x], sum(mixed[rule][x])) for x in range(V)) for rule in mixed}
+                lex = score["lex"] > score["kseq"] + 1e-12
+                return lex, mixed["lex" if lex else "kseq"]
+
+            # the walk: P(u), Q_S(u), pi_u along the first survivor's prefix
+            S = list(range(K))
+            for i in range(L):
+                if len(S) == 1:
+                    break
+                f = S[0]
+                P, Q, pi = 1.0, 1.0, [0.0] * K + [1.0]
+                for d in range(i):
+                    pr, qr = rows(f, d)
+                    _, T = step(pr, qr, P, Q, pi)
+                    x = D[f][d]
+                    qs = sum(T[x])
+                    pi = [t / qs for t in T[x]]
+                    P, Q = P * pr[x], Q * qs
+                pr, qr = rows(f, i)
+                lex, _ = step(pr, qr, P, Q, pi)
+                cand = [D[s][i] for s in S]
+                x = lex_pick(pr, qr, cand) if lex else kseq_pick(pr, qr, cand, float(uniforms.coins[b, 1, i]),
+                                                                 float(uniforms.draws[b, i]))
+                S = [s for s in S if D[s][i] == x]
+            sel = S[0]
+            # GBV along the selected draft with plain joints of P and Q_S
+            P, Q, pi = [1.0], [1.0], [0.0] * K + [1.0]
+            q_rows = []
+            for i in range(L):
+                pr, qr = rows(sel, i)
+                _, T = step(pr, qr, P[-1], Q[-1], pi)
+                qs = [sum(T[x]) for x in range(V)]
+                q_rows.append(qs)
+                x = D[sel][i]
+                pi = [t / qs[x] for t in T[x]]
+                P.append(P[-1] * pr[x])
+                Q.append(Q[-1] * qs[x])
+            h = [1.0]
+            for i in range(1, L):
+                pr = rows(sel, i)[0]
+                a = min(P[i], Q[i])
+                s = sum(min(P[i] * pr[x], Q[i] * q_rows[i][x]) for x in range(V))
+                num, den = a - s, Q[i] - s
+                h.append(1.0 if den <= 1e-12 * Q[i] else 0.0 if num <= 1e-12 * Q[i] else min(1.0, num / den))
+            h.append(min(1.0, P[L] / Q[L]))
+            tau = 0
+            for i in range(1, L + 1):
+                if float(uniforms.coins[b, 0, i - 1]) < h[i]:
+                    tau = i
+            p_tau = torch.tensor(rows(sel, tau)[0], dtype=torch.float64)
+            if tau == L:
+                dist = p_tau
+            else:
+                res = torch.clamp(P[tau] * p_tau - Q[tau] * torch.tensor(q_rows[tau], dtype=torch.float64), min=0.0)
+                dist = res / res.sum() if float(res.sum()) > 1e-12 * Q[tau] else p_tau
+            draw = uniforms.draws[b, L] if K > 1 else uniforms.draws[b, tau]
+            taus.append(tau)
+            sels.append(sel)
+            toks.append(int(categorical(dist, draw)))
+        return Outcome(torch.tensor(taus, dtype=torch.long), torch.tensor(sels, dtype=torch.long),
+                       torch.tensor(toks, dtype=torch.long))
+
+
+__all__ = ["SelectGreedyBlockVerification"]
