@@ -86,7 +86,7 @@ def test_defaults_are_the_smoke_preset_with_tracking_off() -> None:
     assert [d.value for d in cfg.dataset.names] == ALL_DATASETS
     assert cfg.dataset.n_prompts == 3 and cfg.sampling.max_new_tokens == 32 and cfg.sampling.temperatures == [0.4]
     assert cfg.sweep.K == [3] and cfg.sweep.L == [4]
-    assert len(expand_grid(cfg)) == 40
+    assert len(expand_grid(cfg)) == 45  # 5 datasets x (ar + 8 verifiers)
 
 
 @pytest.mark.parametrize("preset,K,L,T", [

@@ -3,10 +3,11 @@
 Each generated case is a prefix-dependent toy model pair whose next-token laws come from a small
 hypothesis-drawn table (rows with exact zeros, entries near 1e-30 and 1e-300, one-hot rows, uniform
 rows; V = 1..8; the draft table independent of, identical to, or partly equal to the target's),
-K i.i.d. draft blocks of length L (K, L up to 16; K = 1 for single-draft verifiers) drawn along the
+K i.i.d. draft blocks of length L (K, L up to 16; K = 1 for single-draft verifiers, K <= 3 for
+``select_gbv``, whose reference enumerates the survivors' next tokens) drawn along the
 draft model (drafted tokens have q > 0; drafts sharing a prefix share their p / q rows because both are
 functions of the prefix), and explicit uniforms (random, all 0, all just below 1, or a mix).  Stateful
-verifiers (``gbv``, ``mdbv``) run 1-3 consecutive iterations so their target adjustment is exercised.
+verifiers (``gbv``, ``mdbv``, ``select_gbv``) run 1-3 consecutive iterations so their target adjustment is exercised.
 
 Properties:
 
@@ -18,8 +19,8 @@ Properties:
 * ``test_sample_equals_reference`` -- the fast sampler and the scalar reference agree draw for draw
   (K·L <= 12, random uniforms, blocks whose plain products stay in float64's normal range: the
   references are deliberately plain-product transcriptions; underflow is tests/test_numerics.py's).
-* ``test_single_draft_identities`` -- at K = 1, ``spectr`` decides exactly as ``sd`` and ``mdbv`` as
-  ``gbv`` (state carried), on the same uniforms, degenerate ones included.
+* ``test_single_draft_identities`` -- at K = 1, ``spectr`` decides exactly as ``sd``, and ``mdbv`` and
+  ``select_gbv`` as ``gbv`` (state carried), on the same uniforms, degenerate ones included.
 * ``test_lossless_exact_on_tiny_cases`` -- lossless verifiers reproduce the target law of the first
   L + 1 tokens by exact enumeration (V <= 3, K·L <= 6, TV < 1e-9), at temperatures 0, 0.5, 1 and 2.
 
@@ -83,6 +84,9 @@ def count(key: str, label: str) -> None:
 ONE_MINUS = math.nextafter(1.0, 0.0)
 #: Largest mdbv law enumeration ((L+1)^K exit tuples) run in the validity property.
 MDBV_LAW_MAX = 400
+#: Most drafts per case for a verifier whose reference is exponential in K: ``select_gbv``'s reference
+#: enumerates the m next tokens of the survivors (V^m tuples) at every prefix, and its kernels cost O(K^3 V).
+K_MAX = {"select_gbv": 3}
 
 
 def _settings(n: int) -> settings:
@@ -267,7 +271,7 @@ def cases(draw: st.DrawFn, method: str, max_K: int = 16, max_L: int = 16, max_KL
     # sizes: a third small (<= 4), a third uniform up to the maximum, a third L = max_L (long blocks);
     # K: half small, half uniform (K = L = 16 costs ~0.5 s per mdbv sample)
     L = draw(st.one_of(st.integers(1, min(4, max_L)), st.integers(1, max_L), st.just(max_L)))
-    K_cap = max_K if multi else 1
+    K_cap = min(max_K, K_MAX.get(method, max_K)) if multi else 1
     if max_KL is not None:
         K_cap = max(1, min(K_cap, max_KL // L))
     K = draw(st.one_of(st.integers(1, min(4, K_cap)), st.integers(1, K_cap)))
@@ -445,12 +449,12 @@ def test_sample_equals_reference(method: str) -> None:
     prop()
 
 
-IDENTITIES = [("spectr", "sd"), ("mdbv", "gbv")]
+IDENTITIES = [("spectr", "sd"), ("mdbv", "gbv"), ("select_gbv", "gbv")]
 
 
 @pytest.mark.parametrize("multi,single", IDENTITIES, ids=[f"{m}=={s}" for m, s in IDENTITIES])
 def test_single_draft_identities(multi: str, single: str) -> None:
-    """At K = 1 SpecTr is SD and mdbv is GBV (with its adjustment across iterations): the same decisions
+    """At K = 1 SpecTr is SD, and mdbv and select_gbv are GBV (with its adjustment across iterations): the same decisions
     on the same blocks and uniforms, including uniforms of exactly 0 and 1 - 2^-53, which expose any
     rounding leak onto a token whose probability is exactly 0 in one of the two formulas."""
 

@@ -91,6 +91,20 @@ class AdjustedTarget:
         return tuple(w.key() for w in self.windows)
 
 
+class AdjustedTargetState:
+    """The state methods of the greedy block verifiers (``gbv``, ``mdbv``, ``select_gbv``), mixed in before
+    :class:`~mdv.verify.base.Verifier`: the state is a stack of windows, applied to p along every draft."""
+
+    def initial_state(self) -> AdjustedTarget:
+        return AdjustedTarget()
+
+    def effective_target(self, block, state) -> Tensor:  # block: mdv.verify.base.Block -> [B, K, L+1, V]
+        return apply_windows(state, block.tokens, block.p, block.q)
+
+    def state_key(self, state) -> tuple:
+        return state.key() if state is not None else ()
+
+
 def window_draft_law(selection: str, cond: Tensor, q: Tensor, log_joint0: Tensor, log_q: Tensor,
                      pi: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """The draft law a window's residual subtracts at one position, and the selection walk's ``nxt``.

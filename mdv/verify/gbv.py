@@ -28,7 +28,7 @@ from torch import Tensor
 
 from mdv.errors import InvalidInputError
 from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, normalize_or, safe_ratio
-from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows
+from mdv.verify.adjust import AdjustedTargetState, advance_state
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.registry import register_verifier
 from mdv.verify.sd import token_probs
@@ -67,7 +67,7 @@ def greedy_residual(ratio: Tensor, target: Tensor, q: Tensor) -> Tensor:
 
 
 @register_verifier
-class GreedyBlockVerification(Verifier):
+class GreedyBlockVerification(AdjustedTargetState, Verifier):
     """``gbv``: single-draft greedy block verification with the target adjustment (§5)."""
 
     name: ClassVar[str] = "gbv"
@@ -83,16 +83,7 @@ class GreedyBlockVerification(Verifier):
             self.lossless = False  # type: ignore[misc]  # measured: TV 1/9 on the BV-paper example
         super().__init__()
 
-    # ------------------------------------------------------------------ state
-    def initial_state(self) -> AdjustedTarget:
-        return AdjustedTarget()
-
-    def effective_target(self, block: Block, state: Any) -> Tensor:
-        return apply_windows(state, block.tokens, block.p, block.q)
-
-    def state_key(self, state: Any) -> Any:
-        return state.key() if state is not None else ()
-
+    # ------------------------------------------------------------------ state (AdjustedTargetState)
     def advance(self, state: Any, block: Block, outcome: Outcome) -> Any:
         if not self.adjust_target:
             return state

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from mdv.verify._math import TOL, categorical, last_accepted, last_accepted_law, row_sum, safe_ratio
-from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows, residual_chain_step
+from mdv.verify.adjust import AdjustedTargetState, advance_state, apply_windows, residual_chain_step
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import greedy_block_h, log_joints
 from mdv.verify.registry import register_verifier
@@ -272,7 +272,7 @@ def _draft_exit(block: Block, rows: _EffectiveRows, toks: list[list[int]], k: in
 
 
 @register_verifier
-class MultiDraftBlockVerification(Verifier):
+class MultiDraftBlockVerification(AdjustedTargetState, Verifier):
     """``mdbv``: exact multi-draft greedy block verification by sequential block coupling."""
 
     name: ClassVar[str] = "mdbv"
@@ -281,16 +281,7 @@ class MultiDraftBlockVerification(Verifier):
     drafts_in_sequence: ClassVar[bool] = True
     stateful: ClassVar[bool] = True
 
-    # ------------------------------------------------------------------ state
-    def initial_state(self) -> AdjustedTarget:
-        return AdjustedTarget()
-
-    def effective_target(self, block: Block, state: Any) -> Tensor:
-        return apply_windows(state, block.tokens, block.p, block.q)
-
-    def state_key(self, state: Any) -> Any:
-        return state.key() if state is not None else ()
-
+    # ------------------------------------------------------------------ state (AdjustedTargetState)
     def advance(self, state: Any, block: Block, outcome: Outcome) -> Any:
         tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
         path = outcome.emitted(block, 0)

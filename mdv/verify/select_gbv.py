@@ -41,6 +41,7 @@ are computed once and shared by the drafts through it.  Nothing grows with V^L o
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -49,8 +50,8 @@ import torch
 from torch import Tensor
 
 from mdv.errors import InvalidInputError
-from mdv.verify._math import categorical, last_accepted, last_accepted_law, normalize_or, safe_ratio
-from mdv.verify.adjust import AdjustedTarget, advance_state, apply_windows
+from mdv.verify._math import categorical, last_accepted, last_accepted_law, safe_ratio
+from mdv.verify.adjust import AdjustedTargetState, advance_state
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import greedy_block_h, greedy_residual
 from mdv.verify.mpbv import ratio_scores
@@ -214,7 +215,7 @@ class _Walk:
 
 
 @register_verifier
-class SelectGreedyBlockVerification(Verifier):
+class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
     """``select_gbv``: a selected draft (K-SEQ or lexicographic walk, chosen per prefix) verified by greedy
     block verification against its own law, with the target adjustment (module docstring)."""
 
@@ -230,16 +231,7 @@ class SelectGreedyBlockVerification(Verifier):
         self.selection = selection
         super().__init__()
 
-    # ------------------------------------------------------------------ state
-    def initial_state(self) -> AdjustedTarget:
-        return AdjustedTarget()
-
-    def effective_target(self, block: Block, state: Any) -> Tensor:
-        return apply_windows(state, block.tokens, block.p, block.q)
-
-    def state_key(self, state: Any) -> Any:
-        return state.key() if state is not None else ()
-
+    # ------------------------------------------------------------------ state (AdjustedTargetState)
     def advance(self, state: Any, block: Block, outcome: Outcome) -> Any:
         tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
         path = outcome.emitted(block, 0)
@@ -329,7 +321,7 @@ class SelectGreedyBlockVerification(Verifier):
                 pt, qt = torch.tensor([pr], dtype=torch.float64), torch.tensor([qr], dtype=torch.float64)
                 rho = float(kseq_rho(pt, qt, m)[0])
                 res = kseq_residual(pt, qt, m, torch.tensor([rho], dtype=torch.float64))[0].tolist()
-                for tup in __import__("itertools").product(range(V), repeat=m):
+                for tup in itertools.product(range(V), repeat=m):
                     w = math.prod(qr[x] for x in tup)
                     if w == 0.0:
                         continue
