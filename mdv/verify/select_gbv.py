@@ -264,13 +264,9 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
         taus, sels, toks = [], [], []
         for b in range(block.B):
             sel = walk.select(b, uniforms)
-            log_p, log_q, p_rows, q_rows = walk.along(b, sel)
-            h = greedy_block_h(log_p, log_q, p_rows[:-1], q_rows)
+            h, dists = walk.gbv(b, sel)  # GBV along the selected draft, once per distinct draft
             tau = int(last_accepted(h, uniforms.coins[b, 0]))
-            if tau == L:
-                dist = p_rows[L]
-            else:
-                dist = greedy_residual(safe_ratio(log_p[tau], log_q[tau]), p_rows[tau], q_rows[tau])
+            dist = dists[tau]
             draw = uniforms.draws[b, L] if block.K > 1 else uniforms.draws[b, tau]
             taus.append(tau)
             sels.append(sel)
