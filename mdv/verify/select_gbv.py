@@ -56,7 +56,7 @@ from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import greedy_block_h, greedy_residual
 from mdv.verify.mpbv import ratio_scores
 from mdv.verify.registry import register_verifier
-from mdv.verify.selection import MODES, advance_survivors, node_step, root_survivors
+from mdv.verify.selection import CHOICE_TOL, MODES, advance_survivors, node_step, root_survivors
 from mdv.verify.spectr import kseq_accept_prob, kseq_residual, kseq_rho
 
 
@@ -350,7 +350,7 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                 if self.selection != "choose":
                     return self.selection == "lex", mixed[self.selection]
                 score = {rule: sum(min(P / Q * pr[x], sum(mixed[rule][x])) for x in range(V)) for rule in mixed}
-                lex = score["lex"] > score["kseq"] + 1e-12
+                lex = score["lex"] > score["kseq"] + CHOICE_TOL
                 return lex, mixed["lex" if lex else "kseq"]
 
             # the walk: P(u), Q_S(u), pi_u along the first survivor's prefix
