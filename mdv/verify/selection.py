@@ -115,9 +115,10 @@ def kseq_kernel(p: Tensor, q: Tensor, m: int, K: int) -> Tensor:
     return out
 
 
-#: Single rows up to this vocabulary size go through a memo of :func:`node_step` (the exact oracle and the
-#: target adjustment walk the same prefixes again and again; large-vocabulary rows are never repeated).
-MEMO_MAX_V = 4096
+#: Single rows up to this vocabulary size go through a memo of :func:`node_step` (the exact oracle's toys, V <= 8,
+#: walk the same prefixes again and again; real rows are never repeated).  The bound keeps the memo's
+#: 2^14 entries of [V, K+1] float64 under ~50 MB.
+MEMO_MAX_V = 64
 
 
 def node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> tuple[Tensor, Tensor]:
