@@ -5,15 +5,18 @@ What is checked:
 * exactness across iterations by enumeration: the first L+2 tokens follow the target law (TV < 1e-9) for
   K, L in {1, 2, 3} on dense, zero-containing and context-free (tied) toys, every walk mode; T = 0 is
   greedy matching; temperature and top-k;
-* the selection kernels T_m(x, j) equal an enumeration of the m next tokens and the walk's randomness;
+* the selection kernels T_m(x, j) equal an enumeration of the m next tokens and the walk's randomness
+  (for ``fill``: of which survivors are marked); fill's Jacobi sweeps solve its filling recursion on small
+  vocabularies, and where the targets are reachable its first-stage masses equal them;
 * fast sampler == scalar reference on the same uniforms (random consistent blocks with ties and zeros;
   blocks whose drafts disagree on a shared prefix's rows), with and without a target adjustment;
 * chi-square of the fast sampler against the exact one-iteration law;
 * the law is a probability law and covers the samples;
 * K = 1 is ``gbv``: the same law, the same decisions on the same uniforms, across iterations;
-* dominance: E[tau] >= max(spectr, mdbv, mpbv) - 1e-9 on fixed toys and on random toys drawn afresh in
-  every run (seeds printed), ``selection="kseq"`` >= spectr and ``selection="lex"`` >= mpbv (proved
-  by coupling, so checked on every toy);
+* dominance: E[tau] >= max(spectr, mdbv, mpbv) - 1e-9 on the theory grid's toys; on random toys drawn
+  afresh in every run (seeds printed) what is proved: ``selection="kseq"`` >= spectr, ``selection="lex"`` >=
+  mpbv (coupling), and at L = 1 the default >= both; at L >= 2 the default's dominance is measured, not
+  proved, and the number of misses on 60 fixed random toys is pinned;
 * option validation.
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ from mdv.oracle.montecarlo import chi_square_pvalue, sample_iterations
 from mdv.verify.base import Block, Uniforms
 from mdv.verify.gbv import GreedyBlockVerification
 from mdv.verify.select_gbv import SelectGreedyBlockVerification
-from mdv.verify.selection import kseq_kernel, lex_kernel
+from mdv.verify.selection import FILL_SWEEPS, fill_choice, fill_kernel, fill_rule, kseq_kernel, lex_kernel
 from mdv.verify.spectr import kseq_residual, kseq_rho
 from tests.conftest import toy_pair
 from tests.test_verify_mpbv import VOCAB, consistent_block, inconsistent_block, tied_iid_pair
@@ -57,7 +60,7 @@ def test_exact_target_law_across_iterations(K: int, L: int, kind: str) -> None:
     assert tv < 1e-9, f"select_gbv K={K} L={L} {kind}: TV {tv:.3g}"
 
 
-@pytest.mark.parametrize("selection", ["kseq", "lex"])
+@pytest.mark.parametrize("selection", ["kseq", "lex", "fill"])
 def test_every_walk_mode_is_exact(selection: str) -> None:
     for K, L, zeros in ((2, 2, True), (3, 2, False), (2, 3, True)):
         target, draft = toy_pair(VOCAB[(K, L)], seed=7 + K + L, zeros=zeros)
@@ -129,14 +132,57 @@ def test_selection_kernels_equal_an_enumeration() -> None:
             want = _enumerated_kernel(p, q, m, K, rule)
             assert abs(got.sum() - 1.0) < 1e-12
             worst = max(worst, float(np.abs(got - want).max()))
+        # fill: the kernel against its marks enumerated survivor by survivor, at a random target scale
+        pt, qt = torch.tensor(p)[None], torch.tensor(q)[None]
+        ratio = torch.tensor([float(rng.uniform(0.3, 3.0))], dtype=f64)
+        theta, order = fill_rule(pt, qt, ratio, m)
+        got = fill_kernel(qt, theta, order, m, K)[0].numpy()
+        want = np.zeros((V, K + 1))
+        for tup in itertools.product(range(V), repeat=m):
+            w = float(np.prod([q[x] for x in tup]))
+            for marks in itertools.product((0, 1), repeat=m):
+                wm = w * float(np.prod([theta[0, x] if mk else 1.0 - theta[0, x] for x, mk in zip(tup, marks)]))
+                rank = order[0].tolist().index
+                x = min([x for x, mk in zip(tup, marks) if mk] or tup, key=rank)
+                want[x, tup.count(x)] += wm
+        assert abs(got.sum() - 1.0) < 1e-12
+        worst = max(worst, float(np.abs(got - want).max()))
     assert worst < 1e-12, worst
+
+
+def test_fill_marks_solve_the_filling_recursion() -> None:
+    """On V <= FILL_SWEEPS the sweeps equal the sequential recursion (s = 1 - marked mass above x; theta =
+    clamp((s - (s^m - t)_+^(1/m)) / q)); a token whose target is reachable gets exactly its target as
+    first-stage mass; fill_choice's probabilities sum to 1 on any multiset."""
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        V, m = int(rng.integers(2, FILL_SWEEPS + 1)), int(rng.integers(2, 5))
+        p, q = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
+        if trial % 4 == 0:
+            q[rng.integers(V)] = 0.0
+            q = q / q.sum()
+        scale = float(rng.uniform(0.3, 3.0))
+        theta, order = fill_rule(torch.tensor(p)[None], torch.tensor(q)[None], torch.tensor([scale], dtype=f64), m)
+        above = 0.0
+        for x in order[0].tolist():
+            s, t = 1.0 - above, scale * p[x]
+            want = 0.0 if q[x] == 0 else min(1.0, max(0.0, (s - max(s ** m - t, 0.0) ** (1.0 / m)) / q[x]))
+            assert abs(float(theta[0, x]) - want) < 1e-12, (trial, x)
+            first, cap = s ** m - (s - q[x] * want) ** m, s ** m - max(s - q[x], 0.0) ** m
+            assert first <= cap + 1e-12 and (first <= t + 1e-12 or q[x] == 0)
+            if t < cap - 1e-9:
+                assert abs(first - t) < 1e-12  # reachable: filled exactly
+            above += q[x] * want
+        rank = torch.empty_like(order[0]).scatter_(0, order[0], torch.arange(V))
+        toks = rng.integers(0, V, size=m).tolist()
+        assert abs(sum(w for _, w in fill_choice(theta[0], rank, toks)) - 1.0) < 1e-12
 
 
 # ------------------------------------------------------------------------------------------ parity
 PARITY = [(K, L, V) for K in (1, 2, 3, 4) for L in (1, 2, 3) for V in (2, 3, 5)]
 
 
-@pytest.mark.parametrize("selection", ["choose", "kseq", "lex"])
+@pytest.mark.parametrize("selection", ["choose", "kseq", "lex", "fill"])
 def test_sample_matches_reference_on_same_draws(selection: str) -> None:
     v = SelectGreedyBlockVerification(selection)
     gen = torch.Generator().manual_seed(3)
@@ -250,26 +296,65 @@ def test_dominates_spectr_mdbv_mpbv_on_fixed_toys() -> None:
     assert max(margins) > 0.01  # strictly better somewhere, not only equal
 
 
-def test_dominates_on_random_toys_drawn_in_this_run() -> None:
-    """Fresh seeds every run (printed, so a failure can be replayed)."""
+def _random_toy(rng: np.random.Generator, K: int, L: int):
+    V = 3 if K * L <= 6 else 2
+    s = int(rng.integers(1 << 30))
+    zp, T = float(rng.choice([0.0, 0.2, 0.4])), float(rng.choice([0.5, 1.0, 2.0]))
+    target = random_toy_model(V, s, zero_prob=zp, name="target")
+    draft = random_toy_model(V, s + 1, zero_prob=zp, name="draft")
+    return target, draft, T, f"V {V} K {K} L {L} T {T} zp {zp} seed {s}"
+
+
+def test_proved_dominances_on_random_toys_drawn_in_this_run() -> None:
+    """Fresh seeds every run (printed, so a failure can be replayed).  What is proved holds on every toy:
+    ``selection="kseq"`` >= spectr and ``selection="lex"`` >= mpbv (coupling); at L = 1 the default takes the
+    best of the three token rules at the only prefix, so it is >= both walks, hence >= spectr and mpbv."""
     entropy = np.random.SeedSequence().entropy
     print(f"dominance seeds: SeedSequence({entropy})")
     rng = np.random.default_rng(entropy)
     for trial in range(10):
         K, L = [(2, 1), (3, 1), (4, 1), (2, 2), (3, 2), (2, 3)][trial % 6]
-        V = 3 if K * L <= 6 else 2
-        s = int(rng.integers(1 << 30))
-        zp, T = float(rng.choice([0.0, 0.2, 0.4])), float(rng.choice([0.5, 1.0, 2.0]))
-        target = random_toy_model(V, s, zero_prob=zp, name="target")
-        draft = random_toy_model(V, s + 1, zero_prob=zp, name="draft")
-        _check_dominance(target, draft, K, L, T, f"entropy {entropy} trial {trial}: V {V} K {K} L {L} T {T} zp {zp}")
+        target, draft, T, label = _random_toy(rng, K, L)
+        label = f"entropy {entropy} trial {trial}: {label}"
+        peers = {m: _expected(m, target, draft, K, L, T) for m in ("spectr", "mpbv")}
+        walks = {mode: _expected("select_gbv", target, draft, K, L, T, selection=mode)
+                 for mode in ("kseq", "lex", "fill")}
+        assert walks["kseq"] >= peers["spectr"] - 1e-9, label
+        assert walks["lex"] >= peers["mpbv"] - 1e-9, label
+        if L == 1:
+            default = _expected("select_gbv", target, draft, K, L, T)
+            assert default >= max(walks.values()) - 1e-9 and default >= max(peers.values()) - 1e-9, label
+
+
+#: Cells of :func:`test_default_dominance_is_measured_not_proved` where the default fell below the best peer
+#: when it was written (7 of 60; on 1,596 such cells 77, 4.8%: 54 below mpbv, 22 below mdbv, 1 below spectr).
+DOMINANCE_MISSES = 7
+
+
+def test_default_dominance_is_measured_not_proved() -> None:
+    """The default's per-prefix choice is greedy: it cannot see the subtree below a prefix (the verifier has
+    no rows off the drafted paths), and at L >= 2 it sometimes falls below max(spectr, mdbv, mpbv).  On 60
+    fixed random V = 3 toys at L = 2, 3 this pins how often, so a change that makes the choice worse fails;
+    the misses stay small (the largest, 10.5% of E[tau], is recorded in the README)."""
+    rng = np.random.default_rng(11)
+    misses = []
+    for trial in range(60):
+        K, L = [(2, 2), (3, 2), (2, 3)][trial % 3]
+        target, draft, T, label = _random_toy(rng, K, L)
+        new = _expected("select_gbv", target, draft, K, L, T)
+        best = max(_expected(m, target, draft, K, L, T) for m in ("spectr", "mdbv", "mpbv"))
+        if new < best - 1e-9:
+            misses.append((label, round((best - new) / best, 4)))
+    print(f"default below the best peer in {len(misses)} of 60 cells: {misses}")
+    assert len(misses) <= DOMINANCE_MISSES, misses
+    assert all(gap < 0.11 for _, gap in misses), misses
 
 
 # ------------------------------------------------------------------------------------------ options
 def test_flags_and_options() -> None:
     cls = mdv.VERIFIERS["select_gbv"]
     assert cls.lossless and cls.multi_draft and cls.stateful
-    for mode in ("choose", "kseq", "lex"):
+    for mode in ("choose", "kseq", "lex", "fill"):
         assert mdv.get_verifier("select_gbv", selection=mode).lossless
     for bad in ("first", "", None, 1):
         with pytest.raises(InvalidInputError, match="selection"):

@@ -14,10 +14,15 @@ is computable along the drafts gives an exact verifier, and
   drafted token), so ``select_gbv(selection="kseq") >= spectr`` on every context; the ``lex`` walk selects
   ``mpbv``'s lexicographic maximum, and GBV >= BV for one draft of known law, so
   ``select_gbv(selection="lex") >= mpbv``.
-* **The default** (``selection="choose"``) picks, at every prefix, the token rule with the larger
-  contribution to that sum (:mod:`mdv.verify.selection`).  The choice depends only on the prefix, so it
-  keeps Q_S a function of the prefix and the rule exact; its dominance over ``spectr``, ``mdbv`` and ``mpbv``
-  is *measured* (``experiments/theory``, ``tests/test_verify_select_gbv.py``), not proven.
+* **The default** (``selection="choose"``) picks, at every prefix, the token rule (``kseq``, ``lex`` or
+  ``fill``) with the largest contribution to that sum (:mod:`mdv.verify.selection`).  ``fill`` marks
+  survivors at random so that the selected token's law approaches the target's where the drafts allow;
+  at L = 1 the sum is the selected token's overlap with p, and ``fill`` brings it close to the optimal
+  K-draft acceptance alpha*_K.  The choice depends only on the prefix, so it keeps Q_S a function of the
+  prefix and the rule exact.  Its dominance over ``spectr``, ``mdbv`` and ``mpbv`` is *measured*, not
+  proven: it holds on the theory grid and at L = 1 (there >= ``spectr`` and ``mpbv`` by construction), and
+  fails on ~5% of random toys at L >= 2 (the choice scores only the next depth;
+  ``tests/test_verify_select_gbv.py``, README).
 * At K = 1 nothing is selected (Q_S = q exactly) and the rule is ``gbv``, draw for draw.
 
 **The rule.**  Walk the survivors S (:mod:`mdv.verify.selection`) to the selected draft D = D_sel; along D
@@ -32,11 +37,14 @@ exit leaves a window whose residual subtracts Q_S (:mod:`mdv.verify.adjust`, a s
 
 **Randomness** (:class:`~mdv.verify.base.Uniforms`).  GBV's test at depth i: ``coins[:, 0, i-1]``; the
 K-SEQ walk at depth i: ``coins[:, 1, i]`` picks the first accepted survivor (one inverse-CDF draw over
-"survivor j is the first accepted, or none"), ``draws[:, i]`` the residual y; the extra token:
+"survivor j is the first accepted, or none"), ``draws[:, i]`` the residual y; the ``fill`` walk at depth
+i: ``coins[:, 1, i]``, one inverse-CDF draw over the distinct survivor tokens in rank order with their
+probabilities given the survivors (which are marked is never drawn survivor by survivor); the extra token:
 ``draws[:, L]`` (K >= 2) or ``draws[:, tau]`` (K = 1, as ``gbv``).  All distinct, so independent.
 
 **Cost** (one instance).  Per depth of the selected draft, :func:`~mdv.verify.selection.node_step` for the
-survivor counts still possible: O(K^3 V) for ``kseq`` plus a sort of V for ``lex``; the rows of a prefix
+survivor counts still possible: O(K^3 V) for ``kseq``, a sort of V for ``lex`` and one for ``fill``
+(with O(FILL_SWEEPS K V) for its marks and kernel); the rows of a prefix
 are computed once and shared by the drafts through it.  Nothing grows with V^L or with draft tuples.
 """
 from __future__ import annotations
@@ -56,7 +64,8 @@ from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import greedy_block_h, greedy_residual
 from mdv.verify.mpbv import ratio_scores
 from mdv.verify.registry import register_verifier
-from mdv.verify.selection import CHOICE_TOL, MODES, advance_survivors, node_step, root_survivors
+from mdv.verify.selection import (CHOICE_TOL, FILL_SWEEPS, MODES, RULES, advance_survivors, fill_choice, fill_rule,
+                                  node_step, root_survivors)
 from mdv.verify.spectr import kseq_accept_prob, kseq_residual, kseq_rho
 
 
@@ -69,10 +78,12 @@ class _Prefix:
     log_p: float  # log P(u)
     log_q: float  # log Q_S(u)
     pi: Tensor  # [K+1] survivor-count law
-    use_lex: bool = False
+    ratio: Tensor | None = None  # [1] P(u)/Q_S(u), as node_step saw it
+    rule: str = "kseq"  # the token rule chosen at u (one of selection.RULES)
     nxt: Tensor | None = None  # [V, K+1]
     q_sel: Tensor | None = None  # [V] q_S(.|u)
     kseq: dict[int, tuple[Tensor, Tensor]] | None = None  # m -> (beta [V], K-SEQ residual [V])
+    fill: dict[int, tuple[Tensor, Tensor]] | None = None  # m -> (theta [V], rank [V])
 
 
 class _Walk:
@@ -116,9 +127,9 @@ class _Walk:
             log_q, pi = parent.log_q + float(mass[0].log()), pi[0]
         node = _Prefix(p_row, q_row, log_p, log_q, pi)
         if q_row is not None:
-            ratio = safe_ratio(torch.tensor([log_p]), torch.tensor([log_q]))
-            use_lex, nxt = node_step(p_row[None], q_row[None], ratio, pi[None], self.mode)
-            node.use_lex, node.nxt = bool(use_lex[0]), nxt[0]
+            node.ratio = safe_ratio(torch.tensor([log_p]), torch.tensor([log_q]))
+            rule, nxt = node_step(p_row[None], q_row[None], node.ratio, pi[None], self.mode)
+            node.rule, node.nxt = RULES[int(rule[0])], nxt[0]
             node.q_sel = nxt[0].sum(-1)
         return node
 
@@ -136,6 +147,17 @@ class _Walk:
         r = ratio_scores(node.p, node.q)
         return max(toks, key=lambda x: (float(r[x]), -x))
 
+    def _fill_probs(self, node: _Prefix, toks: list[int]) -> list[tuple[int, float]]:
+        """fill's choice among the survivors' tokens: [(token, probability)] in rank order."""
+        if node.fill is None:
+            node.fill = {}
+        m = len(toks)
+        if m not in node.fill:
+            theta, order = fill_rule(node.p[None], node.q[None], node.ratio, m)
+            rank = torch.empty_like(order[0]).scatter_(0, order[0], torch.arange(order.shape[-1]))
+            node.fill[m] = (theta[0], rank)
+        return fill_choice(*node.fill[m], toks)
+
     def select(self, b: int, uniforms: Uniforms) -> int:
         """The selected draft of instance b on its uniforms."""
         S = list(range(self.block.K))
@@ -144,8 +166,16 @@ class _Walk:
                 break
             node = self.at(b, S[0], i)
             toks = [int(self.tokens[b, s, i]) for s in S]
-            if node.use_lex:
+            if node.rule == "lex":
                 x = self._lex_token(node, toks)
+            elif node.rule == "fill":  # one inverse-CDF draw over the distinct tokens in rank order
+                u, cum, choice = float(uniforms.coins[b, 1, i]), 0.0, None
+                for t, w in self._fill_probs(node, toks):
+                    cum += w
+                    choice = t
+                    if u < cum:
+                        break
+                x = choice
             else:
                 beta, res = self._kseq_parts(node, len(S))
                 u, cum, rest, x = float(uniforms.coins[b, 1, i]), 0.0, 1.0, None
@@ -174,8 +204,10 @@ class _Walk:
             node = self.at(b, S[0], i)
             toks = [int(self.tokens[b, s, i]) for s in S]
             children: dict[int, float] = {}
-            if node.use_lex:
+            if node.rule == "lex":
                 children[self._lex_token(node, toks)] = prob
+            elif node.rule == "fill":
+                children = {t: prob * w for t, w in self._fill_probs(node, toks)}
             else:
                 beta, res = self._kseq_parts(node, len(S))
                 rest = prob
@@ -216,7 +248,7 @@ class _Walk:
 
 @register_verifier
 class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
-    """``select_gbv``: a selected draft (K-SEQ or lexicographic walk, chosen per prefix) verified by greedy
+    """``select_gbv``: a selected draft (K-SEQ, lexicographic or filling walk, chosen per prefix) verified by greedy
     block verification against its own law, with the target adjustment (module docstring)."""
 
     name: ClassVar[str] = "select_gbv"
@@ -307,7 +339,41 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                 y = int(categorical(res, torch.tensor(y_u, dtype=torch.float64)))
                 return y if y in cand else cand[0]
 
-            def kernel(pr: list[float], qr: list[float], m: int, rule: str) -> list[list[float]]:
+            def fill_marks(pr: list[float], qr: list[float], target: float, m: int) -> tuple[list[int], list[float]]:
+                """fill's rank order and theta: FILL_SWEEPS Jacobi sweeps of the filling recursion from theta = 1."""
+                order = sorted(range(V), key=lambda x: (-(pr[x] / qr[x] if qr[x] > 0.0 else 0.0), x))
+                theta = [1.0] * V
+                for _ in range(FILL_SWEEPS):
+                    new, above = [0.0] * V, 0.0
+                    for x in order:
+                        s = min(max(1.0 - above, 0.0), 1.0)  # no survivor marked above x, per survivor
+                        rest = max(s ** m - target * pr[x], 0.0) ** (1.0 / m)
+                        new[x] = 0.0 if qr[x] <= 0.0 else min(max((s - rest) / qr[x], 0.0), 1.0)
+                        above += qr[x] * theta[x]
+                    theta = new
+                return order, theta
+
+            def fill_choice(order: list[int], theta: list[float], tup: list[int]) -> dict[int, float]:
+                """Pr(token chosen | the survivors' tokens), by enumerating which survivors are marked."""
+                out: dict[int, float] = {}
+                for marks in itertools.product((0, 1), repeat=len(tup)):
+                    w = math.prod(theta[x] if mk else 1.0 - theta[x] for x, mk in zip(tup, marks))
+                    marked = [x for x, mk in zip(tup, marks) if mk]
+                    x = min(marked or tup, key=order.index)  # the top-ranked marked token, else the top-ranked one
+                    out[x] = out.get(x, 0.0) + w
+                return out
+
+            def fill_pick(pr: list[float], qr: list[float], target: float, cand: list[int], u: float) -> int:
+                order, theta = fill_marks(pr, qr, target, len(cand))
+                cum = 0.0
+                choice = fill_choice(order, theta, cand)
+                for x in sorted(set(cand), key=order.index):
+                    cum += choice.get(x, 0.0)
+                    if u < cum:
+                        return x
+                return x  # u at the top of the rounding: the lowest-ranked token, as the fast path
+
+            def kernel(pr: list[float], qr: list[float], m: int, rule: str, target: float) -> list[list[float]]:
                 """T_m(x, j) by enumerating the m next tokens and the walk's randomness."""
                 T = [[0.0] * (K + 1) for _ in range(V)]
                 if m == 1:
@@ -325,6 +391,10 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                         x = lex_pick(pr, qr, list(tup))
                         T[x][tup.count(x)] += w
                         continue
+                    if rule == "fill":
+                        for x, c in fill_choice(*fill_marks(pr, qr, target, m), list(tup)).items():
+                            T[x][tup.count(x)] += w * c
+                        continue
                     rest = w
                     for x in tup:
                         a = 0.0 if qr[x] <= 0.0 else min(1.0, pr[x] / (rho * qr[x]))
@@ -336,22 +406,26 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                 return T
 
             # the law of the selected draft at a prefix, from its survivor law and the prefix's rows
-            def step(pr: list[float], qr: list[float], P: float, Q: float, pi: list[float]) -> tuple[bool, list[list[float]]]:
+            def step(pr: list[float], qr: list[float], P: float, Q: float,
+                     pi: list[float]) -> tuple[str, list[list[float]]]:
                 mixed = {}
-                for rule in ("kseq", "lex"):
+                for rule in ("kseq", "lex", "fill"):
                     acc = [[0.0] * (K + 1) for _ in range(V)]
                     for m in range(1, K + 1):
                         if pi[m] > 0.0:
-                            T = kernel(pr, qr, m, rule)
+                            T = kernel(pr, qr, m, rule, P / Q)
                             for x in range(V):
                                 for j in range(K + 1):
                                     acc[x][j] += pi[m] * T[x][j]
                     mixed[rule] = acc
                 if self.selection != "choose":
-                    return self.selection == "lex", mixed[self.selection]
+                    return self.selection, mixed[self.selection]
                 score = {rule: sum(min(P / Q * pr[x], sum(mixed[rule][x])) for x in range(V)) for rule in mixed}
-                lex = score["lex"] > score["kseq"] + CHOICE_TOL
-                return lex, mixed["lex" if lex else "kseq"]
+                best = "kseq"
+                for rule in ("lex", "fill"):  # a later rule must win by more than CHOICE_TOL
+                    if score[rule] > score[best] + CHOICE_TOL:
+                        best = rule
+                return best, mixed[best]
 
             # the walk: P(u), Q_S(u), pi_u along the first survivor's prefix
             S = list(range(K))
@@ -368,10 +442,14 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                     pi = [t / qs for t in T[x]]
                     P, Q = P * pr[x], Q * qs
                 pr, qr = rows(f, i)
-                lex, _ = step(pr, qr, P, Q, pi)
+                rule, _ = step(pr, qr, P, Q, pi)
                 cand = [D[s][i] for s in S]
-                x = lex_pick(pr, qr, cand) if lex else kseq_pick(pr, qr, cand, float(uniforms.coins[b, 1, i]),
-                                                                 float(uniforms.draws[b, i]))
+                if rule == "lex":
+                    x = lex_pick(pr, qr, cand)
+                elif rule == "fill":
+                    x = fill_pick(pr, qr, P / Q, cand, float(uniforms.coins[b, 1, i]))
+                else:
+                    x = kseq_pick(pr, qr, cand, float(uniforms.coins[b, 1, i]), float(uniforms.draws[b, i]))
                 S = [s for s in S if D[s][i] == x]
             sel = S[0]
             # GBV along the selected draft with plain joints of P and Q_S
