@@ -259,9 +259,10 @@ def test_k1_equals_gbv() -> None:
         drawn = Uniforms.draw(block.B, 1, L, gen)
         for u in (drawn, Uniforms(torch.zeros_like(drawn.coins), torch.zeros_like(drawn.draws)),
                   Uniforms(torch.full_like(drawn.coins, top), torch.full_like(drawn.draws, top))):
-            a, b, r = gbv.sample(block, u), sel.sample(block, u), sel.reference(block, u)
+            a, b, r = gbv.sample(block, u), sel.sample_walk(block, u), sel.reference(block, u)
             assert torch.equal(a.tau, b.tau) and torch.equal(a.token, b.token)
             assert torch.equal(a.tau, r.tau) and torch.equal(a.token, r.token)
+            assert torch.equal(sel.sample(block, u).token, a.token)  # sample delegates to gbv at K = 1
     target, draft = toy_pair(3, seed=2, zeros=True)
     for L in (1, 2, 3):
         assert expected_accepted("select_gbv", target, draft, 1, L) == expected_accepted("gbv", target, draft, 1, L)

@@ -23,7 +23,9 @@ is computable along the drafts gives an exact verifier, and
   proven: it holds on the theory grid and at L = 1 (there >= ``spectr`` and ``mpbv`` by construction), and
   fails on ~5% of random toys at L >= 2 (the choice scores only the next depth;
   ``tests/test_verify_select_gbv.py``, README).
-* At K = 1 nothing is selected (Q_S = q exactly) and the rule is ``gbv``, draw for draw.
+* At K = 1 nothing is selected (Q_S = q exactly) and the rule is ``gbv``, draw for draw: ``sample`` then
+  runs ``gbv``'s vectorised sampler (the walk would build the same rows one prefix at a time); ``law``,
+  ``reference`` and ``sample_walk`` still walk, and the tests compare them with ``gbv``.
 
 **The rule.**  Walk the survivors S (:mod:`mdv.verify.selection`) to the selected draft D = D_sel; along D
 the law of the selected draft has the conditionals q_S(.|D_<i) (full rows) and joints Q_S(D_<=i).  With
@@ -61,7 +63,7 @@ from mdv.errors import InvalidInputError
 from mdv.verify._math import categorical, last_accepted, last_accepted_law, safe_ratio
 from mdv.verify.adjust import AdjustedTargetState, advance_state
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
-from mdv.verify.gbv import greedy_block_h, greedy_residual
+from mdv.verify.gbv import GreedyBlockVerification, greedy_block_h, greedy_residual
 from mdv.verify.mpbv import ratio_scores
 from mdv.verify.registry import register_verifier
 from mdv.verify.selection import (CHOICE_TOL, FILL_SWEEPS, MODES, RULES, advance_survivors, fill_choice, fill_rule,
@@ -291,6 +293,12 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
         return out
 
     def sample(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        if block.K == 1:  # Q_S = q: GBV itself (same effective target, same uniforms; module docstring)
+            return GreedyBlockVerification().sample(block, uniforms, state)
+        return self.sample_walk(block, uniforms, state)
+
+    def sample_walk(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
+        """The walk's sampler, at any K (``sample`` uses it for K >= 2; at K = 1 the tests compare it with gbv)."""
         walk = _Walk(block, self.effective_target(block, state), self.selection)
         L = block.L
         taus, sels, toks = [], [], []

@@ -167,10 +167,11 @@ def fill_marks(q: Tensor, target: Tensor, order: Tensor, m: int) -> Tensor:
     return torch.empty_like(theta).scatter_(-1, order, theta)
 
 
-def fill_rule(p: Tensor, q: Tensor, ratio: Tensor, m: int) -> tuple[Tensor, Tensor]:
+def fill_rule(p: Tensor, q: Tensor, ratio: Tensor, m: int, order: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(theta [N, V], rank order [N, V]) of ``fill`` at a prefix with m survivors: the targets are
-    ``ratio * p`` (ratio [N] = P(u)/Q_S(u)).  The one definition the kernel, the sampler and the law use."""
-    order = fill_order(p, q)
+    ``ratio * p`` (ratio [N] = P(u)/Q_S(u)); ``order``: :func:`fill_order` if already computed.  The one
+    definition the kernel, the sampler and the law use."""
+    order = fill_order(p, q) if order is None else order
     return fill_marks(q, ratio.unsqueeze(-1) * p, order, m), order
 
 
@@ -239,6 +240,7 @@ def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> tu
     counts = [m for m in range(1, K + 1) if bool((pi[:, m] > 0).any())]
     several = any(m > 1 for m in counts)
     below = below_mass(p, q)[0] if "lex" in rules and several else None  # one sort per prefix
+    order = fill_order(p, q) if "fill" in rules and several else None  # and one for fill
     mixed = []
     for rule in rules:
         acc = torch.zeros(*q.shape, K + 1, dtype=q.dtype, device=q.device)
@@ -246,7 +248,7 @@ def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> tu
             if rule == "lex":
                 kernel = lex_kernel(p, q, m, K, below)
             elif rule == "fill":
-                kernel = fill_kernel(q, *fill_rule(p, q, ratio, m), m, K) if m > 1 else lex_kernel(p, q, 1, K)
+                kernel = fill_kernel(q, *fill_rule(p, q, ratio, m, order), m, K) if m > 1 else lex_kernel(p, q, 1, K)
             else:
                 kernel = kseq_kernel(p, q, m, K)
             acc = acc + pi[:, m, None, None] * kernel
