@@ -35,7 +35,7 @@ from mdv.oracle.montecarlo import chi_square_pvalue, sample_iterations
 from mdv.verify.base import Block, Uniforms
 from mdv.verify.gbv import GreedyBlockVerification
 from mdv.verify.select_gbv import SelectGreedyBlockVerification
-from mdv.verify.selection import FILL_SWEEPS, fill_choice, fill_kernel, fill_rule, kseq_kernel, lex_kernel
+from mdv.verify.selection import FILL_EPS, FILL_SWEEPS, fill_choice, fill_kernel, fill_rule, kseq_kernel, lex_kernel
 from mdv.verify.spectr import kseq_residual, kseq_rho
 from tests.conftest import toy_pair
 from tests.test_verify_mpbv import VOCAB, consistent_block, inconsistent_block, tied_iid_pair
@@ -137,12 +137,11 @@ def test_selection_kernels_equal_an_enumeration() -> None:
         ratio = torch.tensor([float(rng.uniform(0.3, 3.0))], dtype=f64)
         theta, order = fill_rule(pt, qt, ratio, m)
         got = fill_kernel(qt, theta, order, m, K)[0].numpy()
-        want = np.zeros((V, K + 1))
+        want, rank = np.zeros((V, K + 1)), order[0].tolist().index
         for tup in itertools.product(range(V), repeat=m):
             w = float(np.prod([q[x] for x in tup]))
             for marks in itertools.product((0, 1), repeat=m):
                 wm = w * float(np.prod([theta[0, x] if mk else 1.0 - theta[0, x] for x, mk in zip(tup, marks)]))
-                rank = order[0].tolist().index
                 x = min([x for x, mk in zip(tup, marks) if mk] or tup, key=rank)
                 want[x, tup.count(x)] += wm
         assert abs(got.sum() - 1.0) < 1e-12
@@ -166,12 +165,16 @@ def test_fill_marks_solve_the_filling_recursion() -> None:
         above = 0.0
         for x in order[0].tolist():
             s, t = 1.0 - above, scale * p[x]
-            want = 0.0 if q[x] == 0 else min(1.0, max(0.0, (s - max(s ** m - t, 0.0) ** (1.0 / m)) / q[x]))
+            d = max(s ** m - t, 0.0)
+            rest = d ** (1.0 / m) if d >= FILL_EPS else d * FILL_EPS ** (1.0 / m - 1.0)
+            want = 0.0 if q[x] == 0 else min(1.0, max(0.0, (s - rest) / q[x]))
             assert abs(float(theta[0, x]) - want) < 1e-12, (trial, x)
             first, cap = s ** m - (s - q[x] * want) ** m, s ** m - max(s - q[x], 0.0) ** m
-            assert first <= cap + 1e-12 and (first <= t + 1e-12 or q[x] == 0)
+            assert first <= cap + 1e-12 and (first <= t + FILL_EPS or q[x] == 0)
             if t < cap - 1e-9:
-                assert abs(first - t) < 1e-12  # reachable: filled exactly
+                assert t - 1e-12 <= first <= t + FILL_EPS  # reachable: filled (exactly where s^m - t >= FILL_EPS)
+                if s ** m - t >= FILL_EPS:
+                    assert abs(first - t) < 1e-12
             above += q[x] * want
         rank = torch.empty_like(order[0]).scatter_(0, order[0], torch.arange(V))
         toks = rng.integers(0, V, size=m).tolist()

@@ -66,8 +66,8 @@ from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import GreedyBlockVerification, greedy_block_h, greedy_residual
 from mdv.verify.mpbv import ratio_scores
 from mdv.verify.registry import register_verifier
-from mdv.verify.selection import (CHOICE_TOL, FILL_SWEEPS, MODES, RULES, advance_survivors, fill_choice, fill_rule,
-                                  node_step, root_survivors)
+from mdv.verify.selection import (CHOICE_TOL, FILL_EPS, FILL_SWEEPS, MODES, RULES, advance_survivors, fill_choice,
+                                  fill_rule, node_step, root_survivors)
 from mdv.verify.spectr import kseq_accept_prob, kseq_residual, kseq_rho
 
 
@@ -129,7 +129,10 @@ class _Walk:
             log_q, pi = parent.log_q + float(mass[0].log()), pi[0]
         node = _Prefix(p_row, q_row, log_p, log_q, pi)
         if q_row is not None:
-            node.ratio = safe_ratio(torch.tensor([log_p]), torch.tensor([log_q]))
+            # float64: a float32 ratio moved fill's targets (and the choice) away from what a later iteration's
+            # window recomputes in float64, and the law drifted (TV 7e-9, tests/test_exactness.py)
+            node.ratio = safe_ratio(torch.tensor([log_p], dtype=torch.float64),
+                                    torch.tensor([log_q], dtype=torch.float64))
             rule, nxt = node_step(p_row[None], q_row[None], node.ratio, pi[None], self.mode)
             node.rule, node.nxt = RULES[int(rule[0])], nxt[0]
             node.q_sel = nxt[0].sum(-1)
@@ -355,7 +358,8 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                     new, above = [0.0] * V, 0.0
                     for x in order:
                         s = min(max(1.0 - above, 0.0), 1.0)  # no survivor marked above x, per survivor
-                        rest = max(s ** m - target * pr[x], 0.0) ** (1.0 / m)
+                        d = max(s ** m - target * pr[x], 0.0)
+                        rest = d ** (1.0 / m) if d >= FILL_EPS else d * FILL_EPS ** (1.0 / m - 1.0)  # Lipschitz root
                         new[x] = 0.0 if qr[x] <= 0.0 else min(max((s - rest) / qr[x], 0.0), 1.0)
                         above += qr[x] * theta[x]
                     theta = new
