@@ -126,7 +126,7 @@ def slurm(tmp_path_factory) -> Iterator[dict[str, str]]:
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ReturnToService=2", "MpiDefault=none",
         # scancel sends SIGTERM (submitit lets its jobs run on through it), then SIGKILL after KillWait: 2 s
-        # here instead of 30, so the cancelled job dies in the middle of its cells
+        # here instead of 30 (the cancel test also kills the job's processes itself, so it dies mid-cells)
         "KillWait=2",
         f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
         f"NodeName={host} CPUs={os.cpu_count()} RealMemory={mem} State=UNKNOWN",
@@ -178,6 +178,19 @@ def test_slurm_multirun_survives_a_cancelled_job(slurm: dict[str, str], tmp_path
         running = [j for j, state in _queue(slurm) if state == "R"]
         if 2 <= len(mine) <= 5 and running:  # the first job is in the middle of its cells
             cancelled = running[0]
+            # kill -9 every process of the job, then cancel it: a plain scancel sends SIGTERM, which submitit lets
+            # its job run on through, and SIGKILL lands only seconds later, in which a fast VM finished every
+            # cell of the job (~0.75 s each; CI at bfe2446)
+            job_id = subprocess.run(["squeue", "-h", "-j", cancelled, "-o", "%A"], env=slurm, capture_output=True,
+                                    text=True).stdout.strip()  # the array task's own numeric id
+            listed = subprocess.run(["scontrol", "listpids", job_id], env=slurm, capture_output=True, text=True)
+            for line in listed.stdout.splitlines()[1:]:
+                pid = line.split()[0] if line.split() else ""
+                if pid.isdigit():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             subprocess.run(["scancel", cancelled], env=slurm, check=True)
             before = {k: (res / "cells" / f"{k}.json").read_bytes() for k in cells(res)}
             break
