@@ -166,6 +166,44 @@ def test_e2e_benchmark_tiny(tiny_pair, tmp_path) -> None:
     assert [g["met"] is not None for g in rec["goals"]] == [True, True]  # best setting and sd at its best L
 
 
+def test_e2e_packed_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypatch) -> None:
+    from mdv.bench.e2e import pack_size
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_e2e
+    from mdv.models import packed as packed_mod
+
+    used: set[int] = set()  # the pack sizes the packed cells' products really ran on
+    real = packed_mod._mkl_linear
+    monkeypatch.setattr(packed_mod, "_mkl_linear", lambda x, pack, w, b, size: used.add(size) or real(x, pack, w, b, size))
+
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=6, temperatures=[0.0],
+                   methods=["sd", "spectr"], K=[1, 3], L=[2, 4], goal_temperature=0.0, packed=True, pack_cache=2)
+    rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
+    rows = {(r["method"], r["K"], r["L"], r["packed"]): r for r in rec["results"]}
+    plain_cells = {("ar", None, None), ("sd", 1, 2), ("sd", 1, 4), ("spectr", 1, 2), ("spectr", 1, 4), ("spectr", 3, 2),
+                   ("spectr", 3, 4)}
+    assert set(rows) == {(*c, p) for c in plain_cells for p in (False, True)}
+    # the rows each cell's packs serve: AR 1; K = 1: L + 1 rows; K = 3: a tree of up to K·L + 1 nodes; rounded up
+    # to the rungs [1, 4, 8]
+    assert {c: rows[(*c, True)]["pack_size"] for c in plain_cells} == {
+        ("ar", None, None): 1, ("sd", 1, 2): 4, ("sd", 1, 4): 8, ("spectr", 1, 2): 4, ("spectr", 1, 4): 8,
+        ("spectr", 3, 2): 8, ("spectr", 3, 4): 13}
+    assert pack_size(("spectr", 3, 4, "model", True), False, [1, 4, 8]) == 15  # K full rows of L + 1
+    for (m, K, L, packed), r in rows.items():
+        if m == "ar":
+            assert r["speedup"]["median"] == 1.0  # packed AR is the packed cells' baseline
+        if packed:
+            _check_spread(r["packed_speed_vs_plain"], 2)
+            # T = 0: packed float32 rounding leaves the greedy tokens and so the acceptance unchanged here
+            assert r["block_efficiency"] == rows[(m, K, L, False)]["block_efficiency"]
+        else:
+            assert "packed_speed_vs_plain" not in r
+    assert used == {1, 4, 8, 13}
+    assert not any("forward" in m.__dict__ for m in tiny_pair[0].model.modules())  # packs removed and freed
+    text = "\n".join(section_e2e(load_record(tmp_path / "bench_e2e.json")))
+    assert "| sd packed |" in text and "| ar packed |" in text, text
+
+
 def test_e2e_crosses_every_drafter_with_every_method(tiny_pair, tmp_path) -> None:
     from mdv.bench.report.load import load_record
     from mdv.bench.report.sections import section_e2e
@@ -199,6 +237,19 @@ def test_e2e_bad_drafter_is_one_clear_error_before_any_model_loads() -> None:
         validate(BenchConfig(e2e=E2EBench(drafters=["eagle3"])))
     with pytest.raises(Exception, match=r"n_min=4 > n_max=2"):
         validate(BenchConfig(e2e=E2EBench(drafters=["ngram"], drafter_options={"ngram": {"n_min": 4, "n_max": 2}})))
+    with pytest.raises(Exception, match=r"pack sizes must be integers >= 1"):
+        validate(BenchConfig(e2e=E2EBench(packed=True, pack_rungs=[0, 4])))
+    with pytest.raises(Exception, match=r"e2e.pack_cache must be >= 1"):
+        validate(BenchConfig(e2e=E2EBench(packed=True, pack_cache=0)))
+
+
+def test_e2e_packed_on_a_bfloat16_pair_fails_before_any_generation(capsys) -> None:
+    pair = bench.load_pair(torch.device("cpu"), PairKind.tiny_random, TINY, dtype="bfloat16")
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=2, methods=["sd"], K=[1],
+                   L=[2], packed=True)
+    with pytest.raises(Exception, match=r"packed linears are for float32 models on the CPU"):
+        bench.run_e2e(cfg, pair=pair)
+    assert "e2e generations" not in capsys.readouterr().err
 
 
 def test_oracle_benchmark_tiny(tmp_path) -> None:
@@ -237,6 +288,24 @@ def test_pass_limit_benchmark_tiny(tiny_pair, tmp_path) -> None:
         assert r["vs_limit"]["median"] == pytest.approx(r["ms"]["median"] / r["limit_ms"])
     assert res["max_abs_prob_diff_cached_vs_full"] < 1e-5
     assert len(rec["goals"]) == 3 and all(g["met"] is not None for g in rec["goals"])
+    assert all("packed_ms" not in r for r in entry["passes"])
+
+
+def test_pass_limit_benchmark_packed_side_by_side(tiny_pair, tmp_path) -> None:
+    cfg = bench.PassLimitBench(pair=PairKind.tiny_random, n=[1, 3], threads=[1], context=5, repeats=3,
+                               bandwidth_megabytes=8, gemm_size=64, packed=True)
+    rec = _check_record(bench.run_pass_limit(cfg, target=tiny_pair[0]), "pass_limit", tmp_path)
+    res = rec["results"]
+    for r in res["per_threads"][0]["passes"]:
+        _check_spread(r["packed_ms"], 3)
+        _check_spread(r["packed_vs_plain"], 3)
+        assert r["packed_vs_limit"]["median"] == pytest.approx(r["packed_ms"]["median"] / r["limit_ms"])
+        assert r["pack_bytes"] > 0 and r["packed_abs_prob_diff"] < 1e-6
+        assert r["pack_rows"] == {1: 1, 3: 4}[r["n"]]  # the rungs [1, 4, 8]: 3 rows are padded to 4
+    assert res["max_abs_prob_diff_packed_vs_plain"] < 1e-6
+    # the plain goals, then one per packed pass and the packed p check
+    assert len(rec["goals"]) == 3 + 3 and rec["goals"][-1]["met"] is True
+    assert not any("forward" in m.__dict__ for m in tiny_pair[0].model.modules())
 
 
 def test_hf_compare_benchmark_tiny(tmp_path) -> None:

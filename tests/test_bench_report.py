@@ -42,7 +42,7 @@ def tiny_config() -> BenchConfig:
                                step_context=4, step_calls=1, goal_V=64, goal_K=2, goal_L=3),
         target_pass=TargetPassBench(pair=PairKind.tiny_random, K=3, L=3, context=6, shared=1, repeats=2, warmup=1),
         pass_limit=PassLimitBench(pair=PairKind.tiny_random, n=[1, 3], threads=[1], context=4, repeats=2,
-                                  bandwidth_megabytes=8, gemm_size=64),
+                                  bandwidth_megabytes=8, gemm_size=64, packed=True),
         e2e=E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=4, temperatures=[0.0, 0.4],
                      methods=["sd", "spectr", "mdbv"], K=[1, 2], L=[1, 2], goal_temperature=0.4),
         oracle=OracleBench(vocab_sizes=[2], max_K=2, max_L=2, methods=["sd", "spectr", "mdbv"], mc_V=2, mc_K=2, mc_L=2,
@@ -248,6 +248,11 @@ def test_target_pass_oracle_memory_tables(report, records_dir) -> None:
     assert (k_rows["tokens"], k_rows["ms"], k_rows["× single"]) == (
         str(tp["K"] * (tp["L"] + 1)), spread_str(tp["ms"]["k_rows"]), spread_str(tp["k_rows_vs_single"]))
     assert rows["token tree (shared prefixes once; the engine's default)"]["tokens"] == str(tp["tree_nodes"])
+    pl = recs["pass_limit"]["results"]["per_threads"][0]
+    passes = table_after(md, f"### {pl['threads']} thread(s): read bandwidth")
+    assert [(r["n new tokens"], r["pack rows"], r["packed ms"], r["packed ÷ plain"]) for r in passes] == [
+        (str(r["n"]), str(r["pack_rows"]), spread_str(r["packed_ms"]), spread_str(r["packed_vs_plain"]))
+        for r in pl["passes"]]
     mc = {r["method"]: r for r in table_after(md, "Monte-Carlo throughput")}
     for r in recs["oracle"]["results"]["monte_carlo"]:
         assert mc[r["method"]]["trials / s"] == spread_str(r["trials_per_second"])

@@ -110,6 +110,12 @@ class E2EBench:
     drafter_options: dict[str, Any] = field(default_factory=lambda: {"ngram": {"n_max": 3},
                                                                      "layerskip": {"depth": 8}})
     seed: int = 0
+    #: also run every cell (AR included) with the target's linears on MKL packs (mdv.models.packed), side by side;
+    #: a cell's largest pass is packed for the smallest rung at or above it (MKL's packed sgemm measured slow at
+    #: 3 and 5-7 rows, fast at 4 and from 8 up: pass_limit packed=true); the last pack_cache sizes are kept
+    packed: bool = False
+    pack_rungs: list[int] = field(default_factory=lambda: [1, 4, 8])
+    pack_cache: int = 2
     #: goals at goal_temperature: the best setting >= goal_best x AR, sd at its best L >= goal_sd x AR.
     goal_temperature: float = 0.4
     goal_best: float = 2.0
@@ -152,6 +158,10 @@ class PassLimitBench:
     #: the read-bandwidth buffer (far above the caches) and the side of the square GEMM that gives the peak
     bandwidth_megabytes: int = 512
     gemm_size: int = 2048
+    #: also time every n with the linears on MKL packs (mdv.models.packed), side by side; n is packed for the
+    #: smallest of pack_rungs at or above it (padded), or for n itself above them
+    packed: bool = False
+    pack_rungs: list[int] = field(default_factory=lambda: [1, 4, 8])
     seed: int = 0
     #: goals: every pass within goal_ratio x its limit; the cached pass's p equal to a full pass within goal_prob_diff
     goal_ratio: float = 1.5
@@ -325,6 +335,18 @@ def validate(cfg: BenchConfig) -> None:
         if name not in DRAFTERS:
             raise UnknownNameError(f"e2e.drafters: {unknown_name('drafter', name, list(DRAFTERS))}")
         get_drafter(name, **dict(cfg.e2e.drafter_options.get(name) or {}))
+    e2e = cfg.e2e
+    from mdv.models.packed import check_pack_sizes, mkl_packing_available
+
+    if cfg.pass_limit.packed:
+        check_pack_sizes(list(cfg.pass_limit.pack_rungs))
+    if e2e.packed:
+        check_pack_sizes(list(e2e.pack_rungs))
+        if e2e.pack_cache < 1:
+            raise InvalidInputError(f"e2e.pack_cache must be >= 1 (how many pack sizes stay built); got {e2e.pack_cache}")
+    if (e2e.packed or cfg.pass_limit.packed) and not mkl_packing_available():
+        raise InvalidInputError("e2e.packed / pass_limit.packed need a torch build with MKL (torch.backends.mkl is not"
+                                " available here); set them to false")
     pl = cfg.pass_limit
     if not pl.n or any(n < 1 for n in pl.n) or not pl.threads or any(t < 1 for t in pl.threads):
         raise InvalidInputError(f"pass_limit.n and pass_limit.threads must be non-empty lists of integers >= 1; got"

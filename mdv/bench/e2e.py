@@ -1,5 +1,14 @@
 """The ``e2e`` benchmark: AR and every method on a model pair over prompts from :mod:`mdv.data`: tokens/s,
 speedup over AR, block efficiency and the draft / target / verify time split.
+
+With ``packed: true`` every cell (AR included) also runs with the target's linears on MKL packs
+(:mod:`mdv.models.packed`), interleaved with the plain cells; a packed cell's speedup is over packed AR,
+so both sides of every ratio run the same target code.  A cell's packs serve its largest target pass
+(AR: 1 row; K = 1 or rows: K·(L + 1); a token tree: K·L + 1 nodes), rounded up to the smallest of
+``pack_rungs`` at or above it; smaller passes are padded to that size.  The packs of the last
+``pack_cache`` sizes are kept (each holds ~5x the target's weights), older ones are freed and rebuilt
+when needed, outside the timed generation.  Drafters that run the target's own modules (``layerskip``'s
+layers, ``eagle``'s head) run them on the packs too, their K-row steps padded up to the cell's size.
 """
 from __future__ import annotations
 
@@ -7,29 +16,71 @@ import math
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any, Callable, Optional, Sequence
 
 from mdv.bench.config import E2EBench, TinyPair
 from mdv.bench.pairs import pair_for, pair_identity, prompt_ids, torch_device
 from mdv.bench.records import bench_record, fmt_number, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, rotated, spread
+from mdv.models.packed import rung_for
 
 
 
 
 # ====================================================================================== e2e
-def _e2e_cells(cfg: E2EBench) -> list[tuple[str, int | None, int | None, str | None]]:
-    """(method, K, L, drafter) in run order: AR first (no K, L or drafter), then every drafter x method."""
+Cell = tuple[str, Optional[int], Optional[int], Optional[str], bool]
+
+
+def _e2e_cells(cfg: E2EBench) -> list[Cell]:
+    """(method, K, L, drafter, packed) in run order: AR first (no K, L or drafter), then every drafter x
+    method; with ``cfg.packed`` every cell twice, plain then packed."""
     from mdv.verify.registry import VERIFIERS
 
-    cells: list[tuple[str, int | None, int | None, str | None]] = [("ar", None, None, None)]
+    plain: list[tuple[str, int | None, int | None, str | None]] = [("ar", None, None, None)]
     for d in cfg.drafters:
         for m in cfg.methods:
             for K in (cfg.K if VERIFIERS[m].multi_draft else [1]):
                 for L in cfg.L:
-                    if (m, K, L, d) not in cells:
-                        cells.append((m, K, L, d))
-    return cells
+                    if (m, K, L, d) not in plain:
+                        plain.append((m, K, L, d))
+    return [(*c, packed) for c in plain for packed in ((False, True) if cfg.packed else (False,))]
+
+
+def pack_size(cell: Cell, tree: bool, rungs: Sequence[int]) -> int:
+    """The rows a cell's packs are made for (module docstring): its largest target pass, rounded up to the
+    smallest rung at or above it.  ``tree``: the target scores K > 1 drafts as one token tree."""
+    m, K, L, _, _ = cell
+    if m == "ar":
+        rows = 1
+    else:
+        K, L = K or 1, L or 1
+        rows = K * L + 1 if K > 1 and tree else K * (L + 1)
+    return rung_for(rows, rungs)
+
+
+class PackCache:
+    """LinearPacks of one model by size, the ``keep`` most recently used ones kept."""
+
+    def __init__(self, model: Any, keep: int):
+        self.model, self.keep = model, keep
+        self._packs: dict[int, Any] = {}
+
+    def get(self, size: int) -> Any:
+        from mdv.models.packed import LinearPacks
+
+        packs = self._packs.pop(size, None)
+        if packs is None:
+            while len(self._packs) >= self.keep:  # free the oldest before building: peak memory stays keep packs
+                self._packs.pop(next(iter(self._packs))).free()
+            packs = LinearPacks(self.model, [size])
+        self._packs[size] = packs  # most recent last
+        return packs
+
+    def free(self) -> None:
+        for packs in self._packs.values():
+            packs.free()
+        self._packs.clear()
 
 
 def interleaved_generations(cells: Sequence[Any], prompts: Sequence[list[int]],
@@ -59,62 +110,90 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
 
     for d in cfg.drafters:  # a drafter that cannot run on this pair fails here, before any generation
         get_drafter(d, **dict(cfg.drafter_options.get(d) or {})).bind(target, draft)
+    if cfg.packed:  # float32 on the CPU with MKL, or one clear error before any generation
+        from mdv.models.packed import check_packable
+
+        check_packable(target.model)
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     cells = _e2e_cells(cfg)
     results: list[dict[str, Any]] = []
     from tqdm import tqdm
 
+    from mdv.models.session import tree_capable
+
+    tree = tree_capable(target.new_session())
+    packs = PackCache(target.model, cfg.pack_cache) if cfg.packed else None
     bar = tqdm(total=len(cfg.temperatures) * len(prompts) * len(cells), desc="e2e generations", unit="gen",
                dynamic_ncols=True, file=sys.stderr)
-    for T in cfg.temperatures:
-        def run_cell(cell: tuple, i: int, ids: list[int], T: float = T) -> dict[str, Any]:
-            m, K, L, d = cell
-            bar.set_postfix_str(f"T={T:g} prompt {i + 1}/{len(prompts)} {m} K={K or 1} L={L or 1} {d or ''}",
-                                refresh=False)
-            extra = {} if d is None else {"drafter": d, "drafter_options": dict(cfg.drafter_options.get(d) or {})}
-            r = generate(target, draft if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
-                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[], **extra)
-            bar.update()
-            return r.stats
+    try:
+        for T in cfg.temperatures:
+            def run_cell(cell: Cell, i: int, ids: list[int], T: float = T) -> dict[str, Any]:
+                m, K, L, d, packed = cell
+                bar.set_postfix_str(f"T={T:g} prompt {i + 1}/{len(prompts)} {m} K={K or 1} L={L or 1} {d or ''}"
+                                    f"{' packed' if packed else ''}", refresh=False)
+                extra = {} if d is None else {"drafter": d, "drafter_options": dict(cfg.drafter_options.get(d) or {})}
+                # packs are built (when not cached) before the generation, so their cost is not timed
+                ctx = packs.get(pack_size(cell, tree, cfg.pack_rungs)) if packed and packs is not None else nullcontext()
+                with ctx:
+                    r = generate(target, draft if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
+                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[], **extra)
+                bar.update()
+                return r.stats
 
-        stats = interleaved_generations(cells, prompts, run_cell)
-        ar = stats[("ar", None, None, None)]
-        for (m, K, L, d), st in stats.items():
-            timed = st[1:]  # prompt 0 is the warm-up
-            speed = ratios_of([a["decode_s"] for a in ar[1:]], [s["decode_s"] for s in timed])
-            speed_e2e = ratios_of([a["total_s"] for a in ar[1:]], [s["total_s"] for s in timed])
-            tokens = sum(s["new_tokens"] for s in st)
-            calls = sum(s["target_calls"] for s in st)
-            dec = sum(s["decode_s"] for s in timed)
-            split = {k: (sum(s[f"{k}_s"] for s in timed) / dec if dec > 0 else float("nan"))
-                     for k in ("draft", "target", "verify", "other")}
-            results.append({"temperature": T, "method": m, "K": K, "L": L, "drafter": d,
-                            "tokens_per_second": spread([s["tokens_per_second"] for s in timed]),
-                            "speedup": spread(speed), "speedup_mean": statistics.fmean(speed) if speed else float("nan"),
-                            "speedup_e2e": spread(speed_e2e),
-                            "block_efficiency": tokens / calls if calls else float("nan"),
-                            "time_split": split, "n_timed_prompts": len(timed)})
-    bar.close()
-    rows = [[r["temperature"], r["method"], r["drafter"] or "-", r["K"] or "-", r["L"] or "-",
+            stats = interleaved_generations(cells, prompts, run_cell)
+            for (m, K, L, d, packed), st in stats.items():
+                ar = stats[("ar", None, None, None, packed)]
+                timed = st[1:]  # prompt 0 is the warm-up
+                speed = ratios_of([a["decode_s"] for a in ar[1:]], [s["decode_s"] for s in timed])
+                speed_e2e = ratios_of([a["total_s"] for a in ar[1:]], [s["total_s"] for s in timed])
+                tokens = sum(s["new_tokens"] for s in st)
+                calls = sum(s["target_calls"] for s in st)
+                dec = sum(s["decode_s"] for s in timed)
+                split = {k: (sum(s[f"{k}_s"] for s in timed) / dec if dec > 0 else float("nan"))
+                         for k in ("draft", "target", "verify", "other")}
+                row = {"temperature": T, "method": m, "K": K, "L": L, "drafter": d, "packed": packed,
+                       "tokens_per_second": spread([s["tokens_per_second"] for s in timed]),
+                       "speedup": spread(speed), "speedup_mean": statistics.fmean(speed) if speed else float("nan"),
+                       "speedup_e2e": spread(speed_e2e),
+                       "block_efficiency": tokens / calls if calls else float("nan"),
+                       "time_split": split, "n_timed_prompts": len(timed)}
+                if packed:
+                    plain = stats[(m, K, L, d, False)][1:]
+                    row["pack_size"] = pack_size((m, K, L, d, packed), tree, cfg.pack_rungs)
+                    #: plain decode s / packed decode s per prompt: what the packs alone gain on this cell
+                    row["packed_speed_vs_plain"] = spread(ratios_of([s["decode_s"] for s in plain],
+                                                                    [s["decode_s"] for s in timed]))
+                results.append(row)
+    finally:
+        bar.close()
+        if packs is not None:
+            packs.free()
+    packed_col = bool(cfg.packed)
+    rows = [[r["temperature"], r["method"], r["drafter"] or "-", r["K"] or "-", r["L"] or "-"]
+            + ([r["pack_size"] if r["packed"] else "-"] if packed_col else []) + [
              range_text(r["tokens_per_second"]),
              range_text(r["speedup"]), fmt_number(r["block_efficiency"]),
              " / ".join(f"{100 * r['time_split'][k]:.0f}%" if not math.isnan(r["time_split"][k]) else "-"
-                        for k in ("draft", "target", "verify", "other"))] for r in results]
+                        for k in ("draft", "target", "verify", "other"))]
+            + ([range_text(r["packed_speed_vs_plain"]) if r["packed"] else "-"] if packed_col else []) for r in results]
     print_table(f"end to end: {target.name} + {draft.name}; {len(prompts) - 1} timed prompts (+1 warm-up) x"
                 f" {cfg.max_new_tokens} new tokens from {label}; decode speedup = AR decode s / method decode s per"
-                " prompt, median [min, max]", ["T", "method", "drafter", "K", "L", "tokens/s", "speedup vs AR",
-                                               "block eff.", "draft/target/verify/other"], rows)
+                " prompt, median [min, max]" + ("; packed rows: linears on MKL packs for that many rows, speedup vs packed AR"
+                                              if packed_col else ""),
+                ["T", "method", "drafter", "K", "L"] + (["packed rows"] if packed_col else [])
+                + ["tokens/s", "speedup vs AR", "block eff.", "draft/target/verify/other"]
+                + (["packed / plain speed"] if packed_col else []), rows)
     goals = []
     at = [r for r in results if r["temperature"] == cfg.goal_temperature and r["method"] != "ar"]
     if at:
         best = max(at, key=lambda r: r["speedup"]["median"] if r["speedup"]["n"] else -1.0)
         goals.append(goal_record(f"best method at T={cfg.goal_temperature:g} ({best['method']} K={best['K']} L={best['L']}"
-                                 f" drafter {best['drafter']})"
+                                 f" drafter {best['drafter']}{', packed' if best['packed'] else ''})"
                            f" >= {cfg.goal_best:g}x AR", best["speedup"]["median"], cfg.goal_best, at_most=False))
         sd = [r for r in at if r["method"] == "sd"]
         if sd:
             b = max(sd, key=lambda r: r["speedup"]["median"] if r["speedup"]["n"] else -1.0)
-            goals.append(goal_record(f"sd at its best L (L={b['L']}, drafter {b['drafter']}) at T={cfg.goal_temperature:g} >= {cfg.goal_sd:g}x AR",
+            goals.append(goal_record(f"sd at its best L (L={b['L']}, drafter {b['drafter']}{', packed' if b['packed'] else ''}) at T={cfg.goal_temperature:g} >= {cfg.goal_sd:g}x AR",
                                b["speedup"]["median"], cfg.goal_sd, at_most=False))
     print_goals(goals)
     return bench_record("e2e", cfg, str(dev), str(target.dtype).removeprefix("torch."), results,

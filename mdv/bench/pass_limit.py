@@ -12,6 +12,11 @@ measured here in the same run and at the same thread count (B: ``sum`` over a bu
 caches; P: a large square float32 matrix product).  The benchmark times the engine's cached pass
 (``HFSession.extend`` of n tokens after ``context`` cached ones) for each n and thread count and reports
 ``time / limit``; it also checks the cached pass's probabilities against a fresh full forward pass.
+
+With ``packed: true`` every n is also timed with the target's linears on MKL packs made for
+``rung_for(n, pack_rungs)`` rows (n itself, or the next rung up with zero rows padded; :mod:`mdv.models.packed`;
+one pack at a time, built before and freed after that n's timings),
+alternating with the plain pass in the same loop, and that pass's p is checked against the plain one.
 """
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ import torch
 from mdv.bench.config import PassLimitBench, TinyPair
 from mdv.bench.pairs import target_for, torch_device
 from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
-from mdv.bench.timing import spread, sync_for, time_call
+from mdv.bench.timing import ratios_of, spread, sync_for, time_call
+from mdv.models.packed import LinearPacks, rung_for
 
 
 def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -81,18 +87,36 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                 for n in cfg.n:
                     new = torch.tensor([tokens[cfg.context:cfg.context + n]], device=dev)  # [1, n]
 
-                    def one_pass(new: torch.Tensor = new) -> None:
-                        s.extend(new)
+                    def one_pass(new: torch.Tensor = new) -> torch.Tensor:
+                        logits = s.extend(new)
                         s.crop(cfg.context)
+                        return logits
 
+                    packs = LinearPacks(target.model, [rung_for(n, cfg.pack_rungs)]) if cfg.packed else None
                     for _ in range(cfg.warmup):
                         one_pass()
-                    ms = [1e3 * time_call(one_pass, sync) for _ in range(cfg.repeats)]
+                    ms, packed_ms = [], []
+                    for _ in range(cfg.repeats):  # plain and packed alternate, so load drift hits both alike
+                        ms.append(1e3 * time_call(one_pass, sync))
+                        if packs is not None:
+                            with packs:
+                                packed_ms.append(1e3 * time_call(one_pass, sync))
                     limit_ms = 1e3 * max(weight_bytes / (bw_med * 1e9), n * flops_per_token / (peak_med * 1e9))
-                    rows.append({"n": n, "ms": spread(ms), "limit_ms": limit_ms,
-                                 "bound": "bandwidth" if weight_bytes / bw_med >= n * flops_per_token / peak_med
-                                 else "compute",
-                                 "vs_limit": spread([m / limit_ms for m in ms])})
+                    row = {"n": n, "ms": spread(ms), "limit_ms": limit_ms,
+                           "bound": "bandwidth" if weight_bytes / bw_med >= n * flops_per_token / peak_med
+                           else "compute",
+                           "vs_limit": spread([m / limit_ms for m in ms])}
+                    if packs is not None:
+                        plain_p = torch.softmax(one_pass()[0].double(), -1)
+                        with packs:
+                            packed_p = torch.softmax(one_pass()[0].double(), -1)
+                        row.update({"packed_ms": spread(packed_ms), "packed_vs_limit": spread([m / limit_ms for m in packed_ms]),
+                                    "packed_vs_plain": spread(ratios_of(packed_ms, ms)),
+                                    "packed_abs_prob_diff": float((packed_p - plain_p).abs().max()),
+                                    "pack_rows": packs.sizes[0], "pack_bytes": packs.pack_bytes,
+                                    "pack_seconds": packs.pack_seconds})
+                        packs.free()
+                    rows.append(row)
             per_threads.append({"threads": int(t), "read_GBps": spread(bw), "gemm_GFLOPs": spread(peak), "passes": rows})
     finally:
         torch.set_num_threads(threads_before)
@@ -105,17 +129,28 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
     prob_diff = float((cached - full).abs().max())
     res = {"context": cfg.context, "weight_bytes": weight_bytes, "flops_per_token": flops_per_token,
            "per_threads": per_threads, "max_abs_prob_diff_cached_vs_full": prob_diff}
+    packed = bool(cfg.packed)
     for entry in per_threads:
         print_table(f"target pass vs its limit, {entry['threads']} thread(s): read bandwidth"
                     f" {range_text(entry['read_GBps'])} GB/s, GEMM {range_text(entry['gemm_GFLOPs'])} GFLOP/s;"
                     f" {weight_bytes / 1e6:.0f} MB of linear weights, {flops_per_token / 1e9:.3g} GFLOP per token,"
-                    f" {cfg.context} cached tokens ({target.name})", ["n new tokens", "ms", "limit ms", "bound", "x limit"],
+                    f" {cfg.context} cached tokens ({target.name})" + ("; packed = linears on MKL packs for the pack rows (n padded up to them)" if packed else ""),
+                    ["n new tokens", "ms", "limit ms", "bound", "x limit"]
+                    + (["pack rows", "packed ms", "packed x limit", "packed / plain", "pack MB"] if packed else []),
                     [[r["n"], range_text(r["ms"]), f"{r['limit_ms']:.3g}", r["bound"], range_text(r["vs_limit"])]
+                     + ([r["pack_rows"], range_text(r["packed_ms"]), range_text(r["packed_vs_limit"]), range_text(r["packed_vs_plain"]),
+                         f"{r['pack_bytes'] / 1e6:.0f}"] if packed else [])
                      for r in entry["passes"]])
     print(f"  cached pass vs a fresh full pass: max |p diff| = {prob_diff:.3g}", flush=True)
     goals = [goal_record(f"{e['threads']} thread(s), n={r['n']}: pass <= {cfg.goal_ratio:g}x its limit",
                          r["vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
     goals.append(goal_record("cached pass p equal to a fresh full pass (max abs difference)", prob_diff, cfg.goal_prob_diff))
+    if packed:
+        goals += [goal_record(f"{e['threads']} thread(s), n={r['n']}: packed pass <= {cfg.goal_ratio:g}x its limit",
+                              r["packed_vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
+        res["max_abs_prob_diff_packed_vs_plain"] = max(r["packed_abs_prob_diff"] for e in per_threads for r in e["passes"])
+        goals.append(goal_record("packed pass p equal to the plain pass (max abs difference)",
+                                 res["max_abs_prob_diff_packed_vs_plain"], cfg.goal_prob_diff))
     print_goals(goals)
     return bench_record("pass_limit", cfg, str(dev), str(target.dtype).removeprefix("torch."), res,
                         {"target": target.name}, goals, wall_seconds=time.perf_counter() - t_start)

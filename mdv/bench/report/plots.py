@@ -154,7 +154,7 @@ def plot_e2e_split(rec: Record, path: Path) -> str:
             ax.bar(xs, vals, bottom=bottom, color=SPLIT_COLORS[k], label=k, width=0.8)
             bottom = [b + v for b, v in zip(bottom, vals)]
         ax.set_xticks(xs)
-        ax.set_xticklabels(["AR" if r["method"] == "ar" else f"{e2e_label(r)} K{r['K']} L{r['L']}" for r in rs],
+        ax.set_xticklabels([e2e_label(r).upper() if r["method"] == "ar" else f"{e2e_label(r)} K{r['K']} L{r['L']}" for r in rs],
                            rotation=60, ha="right", fontsize=7)
         ax.set_ylim(0, 1.0)
         ax.set_ylabel("share of decode time")

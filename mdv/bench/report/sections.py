@@ -117,13 +117,15 @@ def section_target_pass(rec: Record) -> list[str]:
 
 # =============================================================================================== e2e
 def e2e_label(r: dict) -> str:
-    """The row's method, with its drafter where that is not the default draft model (``sd+ngram``)."""
-    return method_label(r["method"], r.get("drafter"))  # no drafter in records written before mdv.drafters
+    """The row's method, with its drafter where that is not the default draft model (``sd+ngram``), and
+    "packed" for a run on MKL-packed target linears (``sd packed``; speedup over packed AR)."""
+    label = method_label(r["method"], r.get("drafter"))  # no drafter in records written before mdv.drafters
+    return f"{label} packed" if r.get("packed") else label
 
 
 def _e2e_key(r: dict) -> tuple:
     d = r.get("drafter")
-    return (d not in (None, "model"), d or "", _method_rank(r["method"]), r["K"] or 0, r["L"] or 0)
+    return (bool(r.get("packed")), d not in (None, "model"), d or "", _method_rank(r["method"]), r["K"] or 0, r["L"] or 0)
 
 
 def best_per_method(rows: Sequence[dict]) -> dict[str, dict]:
@@ -279,13 +281,19 @@ def section_pass_limit(rec: Record) -> list[str]:
              f" {fmt(res['flops_per_token'] / 1e9)} GFLOP per token, {fmt(res.get('context'))} cached tokens. Limit ="
              " max(weight bytes ÷ read bandwidth, n × FLOPs per token ÷ GEMM peak), both measured in the same run;"
              " attention over the context is left out, so the limit is a lower bound. Cached pass vs a fresh full"
-             f" pass: max |p diff| = {fmt(res['max_abs_prob_diff_cached_vs_full'])}.", ""]
+             f" pass: max |p diff| = {fmt(res['max_abs_prob_diff_cached_vs_full'])}."
+             + (" Packed: the linears on MKL packs made for the pack rows (n padded up to them; mdv.models.packed); p vs the plain pass:"
+                f" max |p diff| = {fmt(res['max_abs_prob_diff_packed_vs_plain'])}."
+                if "max_abs_prob_diff_packed_vs_plain" in res else ""), ""]
     for e in res["per_threads"]:
         lines += [f"### {e['threads']} thread(s): read bandwidth {rng(e['read_GBps'])} GB/s, GEMM peak"
                   f" {rng(e['gemm_GFLOPs'])} GFLOP/s", ""]
-        lines += md_table(["n new tokens", "ms", "limit ms", "bound", "× limit"],
+        packed = any("packed_ms" in r for r in e["passes"])
+        lines += md_table(["n new tokens", "ms", "limit ms", "bound", "× limit"]
+                          + (["pack rows", "packed ms", "packed × limit", "packed ÷ plain"] if packed else []),
                           [[r["n"], rng(r["ms"]), fmt(r["limit_ms"]), r.get("bound", "-"), rng(r["vs_limit"])]
-                           for r in e["passes"]])
+                           + ([r.get("pack_rows", r["n"]), rng(r["packed_ms"]), rng(r["packed_vs_limit"]), rng(r["packed_vs_plain"])]
+                              if packed else []) for r in e["passes"]])
         lines.append("")
     return lines[:-1]
 

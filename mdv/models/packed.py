@@ -1,0 +1,170 @@
+"""Linear layers on MKL-packed weights: a faster CPU target pass for the small batches speculative decoding uses.
+
+A pass over n new tokens multiplies the [M, d_in] activations (M = rows x n) by every [d_out, d_in] linear
+weight.  For the small M of a decode step (1) or a verification pass (L + 1, K·L + 1) MKL's general
+product spends most of its time re-blocking the weight on every call: on the default target 81% of an
+n = 9 pass is ``aten::mm`` and a [9 x 576] · [576 x 1536] product runs at half the GEMM peak.
+``cblas_sgemm_pack`` does that re-blocking once, for one M (exposed by torch as
+``torch.ops.mkl._mkl_reorder_linear_weight`` / ``torch.ops.mkl._mkl_linear``, the kernels torch's
+inductor uses for frozen CPU linears).  A pack serves only the M it was made for, so a pass with M rows
+is padded to the next packed size of a ladder ``sizes``::
+
+    M' = min{m in sizes : m >= M},    y = (pad(x, M') · W_pack(M'))[:M] + b
+
+The rows of a linear map are independent, so the first M rows are x · Wᵀ + b up to float32 rounding (the
+kernel sums in another order: max |Δp| ~ 1e-6 on the default target); zero rows cost compute but no
+weight traffic, and a pass is bandwidth-bound at these M.  M above every size, or a pass under autograd,
+takes ``F.linear`` (the reference).  The packs cost memory: 2-4x the weights per size.
+
+Use (float32 CPU models only)::
+
+    packs = LinearPacks(model, sizes=(1, 9, 33))   # packs every nn.Linear once (~1 s per size on 538 MB)
+    with packs:                                     # the model's linears run on the packs inside
+        ...
+    packs.free()
+
+The model's module tree, parameters and ``state_dict`` are untouched: inside the block each linear's
+``forward`` is an instance attribute (removed on exit).
+"""
+from __future__ import annotations
+
+import math
+import time
+import types
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mdv.errors import InvalidInputError
+
+
+def mkl_packing_available() -> bool:
+    """True when this torch build has MKL and its packed-GEMM linear ops."""
+    return (bool(torch.backends.mkl.is_available()) and hasattr(torch.ops.mkl, "_mkl_linear")
+            and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
+
+
+def check_packable(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The ``nn.Linear`` layers of ``model``, or one clear error when they cannot be packed (no MKL, none,
+    or not float32 on the CPU)."""
+    if not mkl_packing_available():
+        raise InvalidInputError("packed linears need a torch build with MKL (torch.backends.mkl.is_available()"
+                                " is False here); run without packing")
+    mods = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    if not mods:
+        raise InvalidInputError(f"{type(model).__name__} has no nn.Linear layers to pack")
+    bad = {(str(m.weight.dtype).removeprefix("torch."), m.weight.device.type) for m in mods} - {("float32", "cpu")}
+    if bad:
+        raise InvalidInputError(f"packed linears are for float32 models on the CPU (MKL's sgemm); this model has"
+                                f" linears in {sorted(bad)}: run without packing, or load it in float32 on the CPU")
+    return mods
+
+
+def check_pack_sizes(sizes: Any) -> tuple[int, ...]:
+    """The ladder of packed batch sizes, sorted and deduplicated; one clear error for anything else."""
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or len(sizes) == 0:
+        raise InvalidInputError(f"pack sizes must be a non-empty list of integers >= 1 (e.g. [1, 9, 33]); got {sizes!r}")
+    out = set()
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise InvalidInputError(f"pack sizes must be integers >= 1 (rows x new tokens of a pass); got {sizes!r}")
+        out.add(int(s))
+    return tuple(sorted(out))
+
+
+def padded_size(rows: int, sizes: Sequence[int]) -> int | None:
+    """The smallest packed size >= rows (``sizes`` sorted), or None when rows exceeds them all."""
+    for s in sizes:
+        if s >= rows:
+            return s
+    return None
+
+
+def _mkl_linear(x: Tensor, pack: Tensor, weight: Tensor, bias: Tensor | None, size: int) -> Tensor:
+    """MKL's packed sgemm: x [size, d_in] · the pack of weight [d_out, d_in] (+ bias) -> [size, d_out]."""
+    return torch.ops.mkl._mkl_linear(x, pack, weight, bias, size)
+
+
+def rung_for(rows: int, rungs: Sequence[int]) -> int:
+    """The rows to pack for a pass of ``rows``: the smallest rung at or above it, else ``rows`` itself.
+    Rungs skip the sizes at which MKL's packed sgemm is slow: measured on this project's CPU (torch 2.13,
+    1 thread, default target) packs for 3 and 5-7 rows run 1.0-1.7x the plain pass, for 4 and from 8 up
+    0.55-0.76x (``experiments.bench benchmarks=[pass_limit] pass_limit.packed=true``)."""
+    return min((r for r in rungs if r >= rows), default=rows)
+
+
+def packed_linear(x: Tensor, weight: Tensor, bias: Tensor | None, packs: dict[int, Tensor],
+                  sizes: Sequence[int]) -> Tensor:
+    """``F.linear(x, weight, bias)`` through the pack of the next size >= the rows of x (module docstring).
+
+    x: [..., d_in]; weight: [d_out, d_in]; packs: size -> the weight packed for that many rows.
+    -> [..., d_out]."""
+    lead = x.shape[:-1]
+    rows = math.prod(lead)
+    size = padded_size(rows, sizes)
+    if size is None or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(rows, x.shape[-1])  # [M, d_in]
+    if size > rows:
+        x2 = F.pad(x2, (0, 0, 0, size - rows))  # [M', d_in], zero rows
+    y = _mkl_linear(x2.contiguous(), packs[size], weight, bias, size)  # [M', d_out]
+    return y[:rows].reshape(*lead, y.shape[-1])
+
+
+def _packed_forward(self: torch.nn.Linear, x: Tensor) -> Tensor:
+    return packed_linear(x, self.weight, self.bias, self._mdv_packs, self._mdv_pack_sizes)
+
+
+class LinearPacks:
+    """Every ``nn.Linear`` of ``model`` packed for each batch size of ``sizes``; ``with packs:`` runs the
+    model's linears on them (module docstring).
+
+    Attributes: ``sizes`` (the sorted ladder), ``linears`` (how many layers were packed), ``pack_bytes``
+    (the memory the packs hold), ``weight_bytes`` (the packed layers' own weights), ``pack_seconds``."""
+
+    def __init__(self, model: torch.nn.Module, sizes: Sequence[int]):
+        self.sizes = check_pack_sizes(sizes)
+        mods = check_packable(model)
+        t0 = time.perf_counter()
+        self._packs: list[tuple[torch.nn.Linear, dict[int, Tensor]]] = []
+        with torch.no_grad():
+            for m in mods:
+                w = m.weight.detach()
+                self._packs.append((m, {s: torch.ops.mkl._mkl_reorder_linear_weight(w, s) for s in self.sizes}))
+        self.pack_seconds = time.perf_counter() - t0
+        self.linears = len(mods)
+        self.weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in mods)
+        self.pack_bytes = sum(p.numel() * p.element_size() for _, d in self._packs for p in d.values())
+        self._active = False
+
+    def __enter__(self) -> "LinearPacks":
+        if self._active:
+            raise InvalidInputError("these packs are already in use (LinearPacks blocks do not nest)")
+        if not self._packs:
+            raise InvalidInputError("these packs were freed; build new LinearPacks")
+        for m, packs in self._packs:
+            if "forward" in m.__dict__:
+                raise InvalidInputError(f"a linear of this model already has its own forward ({type(m).__name__});"
+                                        " another LinearPacks block is open on it")
+            m._mdv_packs, m._mdv_pack_sizes = packs, self.sizes
+            m.forward = types.MethodType(_packed_forward, m)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, _ in self._packs:
+            for attr in ("forward", "_mdv_packs", "_mdv_pack_sizes"):
+                m.__dict__.pop(attr, None)
+        self._active = False
+
+    def free(self) -> None:
+        """Drop the packs (their memory); the object cannot be entered again."""
+        if self._active:
+            self.__exit__()
+        self._packs = []
+
+    def __repr__(self) -> str:
+        return (f"LinearPacks(sizes={list(self.sizes)}, linears={self.linears}, pack_bytes={self.pack_bytes / 1e6:.0f} MB"
+                f" for {self.weight_bytes / 1e6:.0f} MB of weights)")
