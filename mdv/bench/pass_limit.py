@@ -95,6 +95,9 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                     packs = LinearPacks(target.model, [rung_for(n, cfg.pack_rungs)]) if cfg.packed else None
                     for _ in range(cfg.warmup):
                         one_pass()
+                        if packs is not None:
+                            with packs:
+                                one_pass()
                     ms, packed_ms = [], []
                     for _ in range(cfg.repeats):  # plain and packed alternate, so load drift hits both alike
                         ms.append(1e3 * time_call(one_pass, sync))
