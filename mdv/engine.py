@@ -6,7 +6,8 @@ One iteration of :func:`generate` with a verifier:
    ``tokens [K, L]``, each token drawn from exactly the float64 vector recorded in ``q [K, L, V]``.
    The ``model`` drafter's session processes its pending tokens (committed but not yet in its cache) in
    one row, then forks into K rows and takes L sequential steps (:meth:`SamplingConfig.probs`,
-   algorithms.md §12.2); ``ngram`` looks the law up in the context; ``layerskip`` is ``model`` with the
+   algorithms.md §12.2); ``ngram`` looks the law up in the context (where it finds nothing it may propose no tokens: the
+   iteration is then one autoregressive target step, steps 2-4 skipped); ``layerskip`` is ``model`` with the
    target's first layers; ``eagle`` is one layer over the target's own features, which the target's
    session records in every pass and the engine hands over for the committed positions (after prefill and
    after step 4's choice: the pending chain plus the accepted draft tokens).
@@ -150,7 +151,8 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     iteration (single-draft verifiers need K = 1).  temperature / top_k / top_p: one sampling transform
     applied identically to target and draft (T = 0 is greedy).  eos_token_id: None uses the target
     tokenizer's EOS (if any); ``[]`` never stops early.  on_step: called after every speculative
-    iteration with a :class:`StepRecord`.  target_pass: how the target scores K > 1 drafts -- ``"tree"``
+    iteration that verified a block, with a :class:`StepRecord` (not after an undrafted one: a drafter that
+    proposes no tokens, ``ngram`` on a miss, makes that iteration one autoregressive step).  target_pass: how the target scores K > 1 drafts -- ``"tree"``
     (one row, shared prefixes once), ``"rows"`` (K rows over a forked cache) or ``"auto"`` (tree where
     the target's session supports it); K = 1 is always one row.  drafter: who proposes the K blocks
     (``mdv.drafters.DRAFTERS``: ``model`` = ``draft``, ``ngram`` = prompt lookup, ``layerskip`` = the
@@ -295,6 +297,27 @@ def score_drafts(tgt: DecodeSession, seq: Sequence[int], tokens: Tensor, samplin
     return sampling.probs(logits)
 
 
+def _undrafted_step(tgt: DecodeSession, drf: Drafter, seq: Sequence[int], sampling: SamplingConfig,
+                    generator: torch.Generator, stats: GenerationStats) -> int:
+    """An iteration whose drafter proposed a block of no tokens (``ngram`` where the context has no match):
+    the target's law after ``seq`` in one pass over the pending tokens, one AR draw, counted as an iteration
+    that accepted nothing (tau = 0, draft 0; ``stats["undrafted_steps"]``).  -> the token."""
+    watch = stats.watch
+    with watch.phase("target"):
+        pending = len(seq) - tgt.length
+        logits = ar_logits(tgt, seq)  # [1, V]
+        stats.target_calls += 1
+    with watch.phase("verify"):
+        token = ar_draw(sampling.probs(logits), generator)
+    if drf.uses_target_features:  # the pending chain's features, as after a block with tau = 0
+        drf.observe_target(tgt.last_features[0, :pending])
+    drf.commit(0, 0)
+    stats.accepted_lengths.append(0)
+    stats.selected_drafts.append(0)
+    stats.extra["undrafted_steps"] = stats.extra.get("undrafted_steps", 0) + 1
+    return token
+
+
 def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, prompt: list[int],
                         sampling: SamplingConfig, K: int, L: int, max_new_tokens: int, eos: frozenset[int],
                         ctx: int | None, generator: torch.Generator, stats: GenerationStats,
@@ -316,10 +339,19 @@ def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, pr
         with watch.phase("draft"):
             # blocks of 1..L tokens, except for verifiers whose state carries a window over the next L positions
             proposal = drf.propose(seq, K, L, sampling, generator, shorter_ok=not verifier.stateful)
-            tokens, q = proposal.tokens, proposal.q  # [K, L'], [K, L', V], 1 <= L' <= L
+            tokens, q = proposal.tokens, proposal.q  # [K, L'], [K, L', V], 0 <= L' <= L
             stats.draft_calls += proposal.calls
             if tokens.shape[1] < L:  # the acceptance rates per K·L and per position still count L
                 stats.extra["short_blocks"] = stats.extra.get("short_blocks", 0) + 1
+        if tokens.shape[1] == 0:  # the drafter proposed nothing: one autoregressive step (tau = 0)
+            emitted = [_undrafted_step(tgt, drf, seq, sampling, generator, stats)]
+            iteration += 1
+            seq.extend(emitted)
+            reason = _commit(out, emitted, max_new_tokens, eos)
+            if reason is not None:
+                stats.stop_reason = reason
+                break
+            continue
         # 2. target: one pass over [pending, D_k] for all k (a token tree in one row, or K rows)
         with watch.phase("target"):
             pending = n - tgt.length  # committed tokens the target has not processed yet (>= 1)

@@ -330,6 +330,8 @@ def test_hf_compare_checks_its_contenders_and_the_early_exit_depth(tiny_pair) ->
 
     with pytest.raises(Exception, match=r"hf_compare.contenders: unknown contender 'vllm'; valid contenders are"):
         validate(BenchConfig(hf_compare=bench.HFCompareBench(contenders=["vllm"])))
+    with pytest.raises(Exception, match=r"hf_compare: ngram_min=3 must be in \[1, ngram_size=2\]"):
+        validate(BenchConfig(hf_compare=bench.HFCompareBench(ngram_min=3)))
     cfg = bench.HFCompareBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=2)
     with pytest.raises(Exception, match=r"'layerskip' needs a target with at least 2 layers"):
         bench.run_hf_compare(cfg, pair=tiny_pair)  # the 1-layer tiny pair: before any generation

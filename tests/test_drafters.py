@@ -200,7 +200,7 @@ def test_ngram_longest_match_first_and_match_at_the_very_end() -> None:
 
 
 def test_ngram_empirical_law_and_K_above_the_distinct_continuations() -> None:
-    drf = bound_ngram(n_max=2)
+    drf = bound_ngram(n_max=2, n_min=1)
     seq = [4, 1, 4, 2, 4, 1, 8, 4]  # "4" followed by 1, 2, 1: q = (2/3, 1/3)
     assert law_of(drf, seq) == pytest.approx({1: 2 / 3, 2: 1 / 3})
     drf.prefill(seq)
@@ -212,25 +212,54 @@ def test_ngram_empirical_law_and_K_above_the_distinct_continuations() -> None:
         torch.testing.assert_close(d.q[k, 1], drf.reference_law(seq + [first], SamplingConfig(1.0)), rtol=0, atol=0)
 
 
-def test_ngram_shortens_a_block_only_where_the_context_has_no_match_and_only_when_allowed() -> None:
-    drf = bound_ngram(n_max=2)
+@pytest.mark.parametrize("on_miss, miss_length", [("skip", 0), ("guess", 1), ("block", 3)])
+def test_ngram_shortens_a_block_only_where_the_context_has_no_match_and_only_when_allowed(on_miss, miss_length) -> None:
+    drf = bound_ngram(n_max=2, n_min=1, on_miss=on_miss)
     gen = torch.Generator().manual_seed(0)
     miss, hit = [1, 2, 3, 4], [1, 2, 3, 1]  # "4" never seen before; "1" was followed by 2
-    for seq, shorter_ok, length in ((miss, True, 1), (miss, False, 3), (hit, True, 3), (hit, False, 3)):
+    for seq, shorter_ok, length in ((miss, True, miss_length), (miss, False, 3), (hit, True, 3), (hit, False, 3)):
         drf.prefill(seq)
         d = drf.propose(seq, 2, 3, SamplingConfig(1.0), gen, shorter_ok=shorter_ok)
         assert d.tokens.shape == (2, length) and d.q.shape == (2, length, 10), (seq, shorter_ok)
-    off = bound_ngram(n_max=2, shorten_on_miss=False)
-    off.prefill(miss)
-    assert off.propose(miss, 2, 3, SamplingConfig(1.0), gen, shorter_ok=True).tokens.shape == (2, 3)
+    # the default n_min = 2: a suffix that matches only as a 1-gram ("1") is a miss too
+    default = bound_ngram(on_miss=on_miss)
+    default.prefill(hit)
+    assert default.propose(hit, 2, 3, SamplingConfig(1.0), gen, shorter_ok=True).tokens.shape == (2, miss_length)
 
 
-def test_the_engine_takes_shortened_blocks_and_counts_them(target3) -> None:
-    ref = greedy_reference(target3, [1, 2, 3, 4, 5, 6, 7], 12)  # no repeats: the first contexts miss
-    res = generate(target3, None, [1, 2, 3, 4, 5, 6, 7], "sd", L=3, temperature=0.0, max_new_tokens=12,
-                   eos_token_id=[], drafter="ngram")
+@pytest.mark.parametrize("on_miss", ["skip", "guess"])
+@pytest.mark.parametrize("method, K", [("sd", 1), ("spectr", 2)])
+def test_the_engine_takes_shortened_and_empty_blocks_and_counts_them(target3, on_miss, method, K) -> None:
+    prompt = [1, 2, 3, 4, 5, 6, 7]  # no repeats: the first contexts miss
+    ref = greedy_reference(target3, prompt, 12)
+    res = generate(target3, None, prompt, method, K=K, L=3, temperature=0.0, max_new_tokens=12,
+                   eos_token_id=[], drafter="ngram", drafter_options={"on_miss": on_miss})
     assert res.tokens == ref and res.stats["short_blocks"] >= 1
-    assert all(0 <= t <= 3 for t in res.stats["accepted_lengths"])
+    assert ("undrafted_steps" in res.stats) == (on_miss == "skip")
+    taus = res.stats["accepted_lengths"]
+    assert len(taus) == res.stats["target_calls"] and all(0 <= t <= 3 for t in taus)
+    # every target call emitted tau + 1 tokens (the last one possibly cut at max_new_tokens)
+    assert sum(t + 1 for t in taus) >= len(res.tokens) > sum(t + 1 for t in taus[:-1])
+
+
+@pytest.mark.parametrize("method", ["sd", "spectr"])
+def test_undrafted_steps_keep_the_target_law_at_temperature(pair8, method: str) -> None:
+    """T > 0, a prompt without repeats: the first context misses, so ngram (on_miss="skip") proposes
+    nothing and the engine takes an AR step; the first 3 tokens still follow the exact target law."""
+    target, _ = pair8
+    prompt = [1, 2, 5, 6, 7]
+    law = target_law(target, 3, prompt, **LAW_SAMPLING)
+    K = 2 if mdv.VERIFIERS[method].multi_draft else 1
+    counts: Counter = Counter()
+    undrafted = 0
+    for seed in range(N_LAW):
+        res = generate(target, None, prompt, method, K=K, L=2, max_new_tokens=3, seed=seed, eos_token_id=[],
+                       drafter="ngram", drafter_options={"n_max": 2, "on_miss": "skip"}, **LAW_SAMPLING)
+        undrafted += res.stats.get("undrafted_steps", 0)
+        counts[tuple(res.tokens)] += 1
+    assert undrafted >= N_LAW  # every generation began with one
+    p = chi_square_pvalue(counts, law)
+    assert p > ALPHA, f"ngram/{method} with undrafted steps: chi-square p = {p:.3g} against the exact target law"
 
 
 def test_ngram_index_equals_the_full_scan_on_random_sequences() -> None:
@@ -254,6 +283,9 @@ def test_ngram_index_equals_the_full_scan_on_random_sequences() -> None:
     ({"drafter": "eagle2"}, r"unknown drafter 'eagle2'; valid drafters are: eagle, layerskip, model, ngram"),
     ({"drafter": "ngram", "drafter_options": {"n_min": 3, "n_max": 2}}, r"n_min=3 > n_max=2"),
     ({"drafter": "ngram", "drafter_options": {"n_max": 0}}, r"n_max must be an integer >= 1"),
+    ({"drafter": "ngram", "drafter_options": {"on_miss": "stop"}}, r"on_miss must be one of skip, guess, block; got 'stop'"),
+    ({"drafter": "ngram", "drafter_options": {"shorten_on_miss": False}},
+     r"drafter 'ngram' has no option\(s\) 'shorten_on_miss'"),
     ({"drafter": "ngram", "drafter_options": {"depth": 2}}, r"drafter 'ngram' has no option\(s\) 'depth'"),
     ({"drafter": "layerskip", "drafter_options": {"depth": 3}}, r"depth=3 is outside \[1, 3\) for this target \(3 layers\)"),
     ({"drafter": "layerskip", "drafter_options": {"depth": 0}}, r"depth=0 is outside \[1, 3\)"),

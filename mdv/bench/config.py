@@ -187,6 +187,9 @@ class HFCompareBench:
     L: int = 4
     #: prompt lookup's longest n-gram (HF max_matching_ngram_size; mdv ngram n_max) and the early-exit layer
     ngram_size: int = 2
+    #: mdv ngram's shortest n-gram (HF's lookup always goes down to 1): a context whose suffix matches no
+    #: earlier n-gram this long proposes nothing (on_miss="skip": one AR step, as HF on a miss)
+    ngram_min: int = 2
     early_exit_depth: int = 8
     contenders: list[str] = field(default_factory=lambda: list(HF_COMPARE_CONTENDERS))
     seed: int = 0
@@ -360,6 +363,8 @@ def validate(cfg: BenchConfig) -> None:
     if hc.n_prompts < 2 or hc.max_new_tokens < 1 or hc.L < 1 or hc.ngram_size < 1 or hc.early_exit_depth < 1:
         raise InvalidInputError("hf_compare: n_prompts must be >= 2 (the first warms up); max_new_tokens, L, ngram_size"
                                 " and early_exit_depth >= 1")
+    if not 1 <= hc.ngram_min <= hc.ngram_size:
+        raise InvalidInputError(f"hf_compare: ngram_min={hc.ngram_min} must be in [1, ngram_size={hc.ngram_size}]")
     for k in cfg.oracle.lp_kinds:
         if k not in ("valid", "greedy"):
             raise UnknownNameError(f"oracle.lp_kinds: {unknown_name('LP kind', k, ['valid', 'greedy'])}")

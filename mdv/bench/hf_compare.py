@@ -7,7 +7,9 @@ Side by side in one process, interleaved per prompt (the contender order rotated
   (``hf_prompt_lookup``: ``prompt_lookup_num_tokens = L``, ``max_matching_ngram_size = ngram_size``) and
   early exit (``hf_early_exit``: ``assistant_early_exit = early_exit_depth``);
 * mdv: ``mdv_ar`` and ``sd`` with the drafter Hugging Face uses for the same mode (``mdv_sd_model``,
-  ``mdv_sd_ngram`` with ``n_max = ngram_size``, ``mdv_sd_layerskip`` with ``depth = early_exit_depth``).
+  ``mdv_sd_ngram`` with ``n_max = ngram_size``, ``n_min = ngram_min`` and no draft where the context's suffix
+  matches nothing that long (``on_miss="skip"``: one AR step, as Hugging Face's lookup on a miss; Hugging Face
+  has no n_min and always goes down to 1-grams), ``mdv_sd_layerskip`` with ``depth = early_exit_depth``).
 
 Every generation produces exactly ``max_new_tokens`` tokens (Hugging Face: ``min_new_tokens`` =
 ``max_new_tokens``; mdv: no EOS stop) at temperature ``temperature``, and is timed as one whole call
@@ -66,7 +68,8 @@ def _contenders(cfg: HFCompareBench, target: Any, draft: Any, tok: Any) -> dict[
         return run
 
     mdv_modes = {"mdv_ar": ours("ar", "model", {}), "mdv_sd_model": ours("sd", "model", {}),
-                 "mdv_sd_ngram": ours("sd", "ngram", {"n_max": cfg.ngram_size, "n_min": 1}),
+                 "mdv_sd_ngram": ours("sd", "ngram", {"n_max": cfg.ngram_size, "n_min": cfg.ngram_min,
+                                                       "on_miss": "skip"}),
                  "mdv_sd_layerskip": ours("sd", "layerskip", {"depth": cfg.early_exit_depth})}
     table = {**{k: hf(v) for k, v in hf_modes.items()}, **mdv_modes}
     return {name: table[name] for name in cfg.contenders}

@@ -69,10 +69,11 @@ class Drafter(ABC):
                 generator: torch.Generator, shorter_ok: bool = False) -> Draft:
         """K i.i.d. blocks of L tokens after the committed sequence ``seq``, drawn with ``generator``.
 
-        shorter_ok: the caller takes blocks of any length 1..L (the engine does, for every verifier without
+        shorter_ok: the caller takes blocks of any length 0..L (the engine does, for every verifier without
         a state over iterations: ``gbv`` and ``mdbv`` carry a target adjustment whose window spans L); a drafter may then
         choose a shorter length, *from the context alone* (before drawing), so that the K blocks stay
-        i.i.d. of one length and every verifier's guarantee holds.  The paired measurement needs L."""
+        i.i.d. of one length and every verifier's guarantee holds.  Length 0 (tokens [K, 0]) proposes
+        nothing: the engine then takes one autoregressive step.  The paired measurement needs L."""
 
     def observe_target(self, features: Tensor) -> None:
         """The target's last-layer features [m, d] of the next m committed positions, in order (the

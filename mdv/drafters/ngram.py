@@ -13,10 +13,16 @@ The first n with ``J_n`` non-empty gives the empirical law of the tokens that fo
 Occurrences may overlap the suffix (``a a a`` after ``a a``); the suffix itself is never one (it has no
 following token).  With no match at any n, the fallback rule is ``"unigram"``: the empirical law of
 all tokens of c (always defined; a rejected guess still yields the target's correction token, one token
-per target pass as autoregressive decoding would).  ``shorten_on_miss``: where the committed context
-itself has no match, the engine gets a block of one token instead of L (decided from the context
-before any draw, so the K blocks stay i.i.d. of one length): a wrong guess then costs a 2-token target
-pass, not an (L + 1)-token one (Hugging Face's prompt lookup proposes nothing there).  The sampling transform is not
+per target pass as autoregressive decoding would).  ``on_miss``: what the engine gets where the committed
+context itself has no match (decided from the context before any draw, so the K blocks stay i.i.d. of
+one length), when it takes shorter blocks (stateless verifiers; otherwise always ``"block"``):
+
+* ``"skip"`` (default): no tokens; the iteration is one autoregressive target step, as Hugging Face's
+  prompt lookup, which proposes nothing there;
+* ``"guess"``: a block of one token from the fallback law (a 2-token target pass);
+* ``"block"``: L tokens from the fallback law (an (L + 1)-token pass).
+
+The sampling transform is not
 applied to q: verification needs only that q is the exact law the tokens are drawn from.  The K blocks
 are i.i.d. draws of this law, position by position, each row conditioning on its own drafted prefix.
 
@@ -39,6 +45,8 @@ from mdv.models.base import check_model
 from mdv.models.sampling import SamplingConfig
 
 FALLBACKS = ("unigram",)
+#: What a context without a match gets (module docstring): no block, one fallback token, or L of them.
+ON_MISS = ("skip", "guess", "block")
 
 
 def _law(counts: Counter[int], V: int) -> Tensor:
@@ -56,7 +64,7 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
 
-    def __init__(self, n_max: int = 3, n_min: int = 1, fallback: str = "unigram", shorten_on_miss: bool = True) -> None:
+    def __init__(self, n_max: int = 3, n_min: int = 2, fallback: str = "unigram", on_miss: str = "skip") -> None:
         for label, v in (("n_max", n_max), ("n_min", n_min)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidInputError(f"ngram drafter: {label} must be an integer >= 1; got {v!r}")
@@ -64,15 +72,15 @@ class NgramDrafter(Drafter):
             raise InvalidInputError(f"ngram drafter: n_min={n_min} > n_max={n_max}; choose 1 <= n_min <= n_max")
         if fallback not in FALLBACKS:
             raise InvalidInputError(f"ngram drafter: fallback must be one of {', '.join(FALLBACKS)}; got {fallback!r}")
-        if not isinstance(shorten_on_miss, bool):
-            raise InvalidInputError(f"ngram drafter: shorten_on_miss must be true or false; got {shorten_on_miss!r}")
-        self.n_max, self.n_min, self.fallback, self.shorten_on_miss = n_max, n_min, fallback, shorten_on_miss
+        if on_miss not in ON_MISS:
+            raise InvalidInputError(f"ngram drafter: on_miss must be one of {', '.join(ON_MISS)}; got {on_miss!r}")
+        self.n_max, self.n_min, self.fallback, self.on_miss = n_max, n_min, fallback, on_miss
         self.V = 0
         self._reset()
 
     def options(self) -> dict[str, Any]:
         return {"n_max": self.n_max, "n_min": self.n_min, "fallback": self.fallback,
-                "shorten_on_miss": self.shorten_on_miss}
+                "on_miss": self.on_miss}
 
     def bind(self, target: Any, draft: Any) -> int:
         self.V = check_model("target", target)
@@ -121,8 +129,9 @@ class NgramDrafter(Drafter):
                 generator: torch.Generator, shorter_ok: bool = False) -> Draft:
         self._sync(seq)
         first = self._fast_law([])  # the law at the context itself, shared by every row
-        if shorter_ok and self.shorten_on_miss and first is None:
-            L = 1  # no earlier occurrence of the context's suffix: one guess, not a block of L (module doc)
+        if shorter_ok and first is None and self.on_miss != "block":
+            # no earlier occurrence of the context's suffix: no block, or one guess, not L (module docstring)
+            L = 0 if self.on_miss == "skip" else 1
         if first is None:
             first = _law(self._unigram, self.V)
         rows: list[list[int]] = [[] for _ in range(K)]

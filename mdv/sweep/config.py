@@ -119,7 +119,7 @@ class DrafterGroup:
     ``model`` drafter takes none)."""
 
     names: list[str] = field(default_factory=lambda: ["model"])
-    options: dict[str, Any] = field(default_factory=lambda: {"ngram": {"n_max": 3, "n_min": 1},
+    options: dict[str, Any] = field(default_factory=lambda: {"ngram": {"n_max": 3, "n_min": 2},
                                                              "layerskip": {"depth": 8}})
 
 
