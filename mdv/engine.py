@@ -6,8 +6,9 @@ One iteration of :func:`generate` with a verifier:
    ``tokens [K, L]``, each token drawn from exactly the float64 vector recorded in ``q [K, L, V]``.
    The ``model`` drafter's session processes its pending tokens (committed but not yet in its cache) in
    one row, then forks into K rows and takes L sequential steps (:meth:`SamplingConfig.probs`,
-   algorithms.md §12.2); ``ngram`` looks the law up in the context (where it finds nothing it may propose no tokens: the
-   iteration is then one autoregressive target step, steps 2-4 skipped); ``layerskip`` is ``model`` with the
+   algorithms.md §12.2); ``ngram`` looks the law up in the context (where it finds nothing it may
+   propose no tokens: the iteration is then one autoregressive target step instead of steps 2-4);
+   ``layerskip`` is ``model`` with the
    target's first layers; ``eagle`` is one layer over the target's own features, which the target's
    session records in every pass and the engine hands over for the committed positions (after prefill and
    after step 4's choice: the pending chain plus the accepted draft tokens).
@@ -152,7 +153,8 @@ def generate(target: LanguageModel, draft: LanguageModel | None, prompt_ids: Seq
     applied identically to target and draft (T = 0 is greedy).  eos_token_id: None uses the target
     tokenizer's EOS (if any); ``[]`` never stops early.  on_step: called after every speculative
     iteration that verified a block, with a :class:`StepRecord` (not after an undrafted one: a drafter that
-    proposes no tokens, ``ngram`` on a miss, makes that iteration one autoregressive step).  target_pass: how the target scores K > 1 drafts -- ``"tree"``
+    proposes no tokens, ``ngram`` on a miss, makes that iteration one autoregressive step).  target_pass:
+    how the target scores K > 1 drafts -- ``"tree"``
     (one row, shared prefixes once), ``"rows"`` (K rows over a forked cache) or ``"auto"`` (tree where
     the target's session supports it); K = 1 is always one row.  drafter: who proposes the K blocks
     (``mdv.drafters.DRAFTERS``: ``model`` = ``draft``, ``ngram`` = prompt lookup, ``layerskip`` = the
@@ -318,6 +320,43 @@ def _undrafted_step(tgt: DecodeSession, drf: Drafter, seq: Sequence[int], sampli
     return token
 
 
+def _verify_block(tgt: DecodeSession, drf: Drafter, verifier: Verifier, seq: Sequence[int], tokens: Tensor,
+                  q: Tensor, sampling: SamplingConfig, generator: torch.Generator, stats: GenerationStats,
+                  use_tree: bool, full_check: bool) -> tuple[Block, Outcome, list[int]]:
+    """Steps 2-4 of one iteration for the drafts ``tokens`` [K, L'] with laws ``q`` [K, L', V] after ``seq``:
+    the target's pass, the verifier's step, the roll-back of both caches.  full_check: the O(K·L·V) value
+    checks of the block (the first one; later laws come from the same transform, so only the O(K·L) checks
+    -- shapes, drafted q > 0, NaN rows -- run).  -> (block, outcome, emitted tokens)."""
+    watch = stats.watch
+    n = len(seq)
+    # 2. target: one pass over [pending, D_k] for all k (a token tree in one row, or K rows)
+    with watch.phase("target"):
+        pending = n - tgt.length  # committed tokens the target has not processed yet (>= 1)
+        tree = build_tree(seq[tgt.length:], tokens.cpu()) if use_tree else None
+        p = score_drafts(tgt, seq, tokens, sampling, tree).to(generator.device)  # [K, L'+1, V]
+        stats.target_calls += 1
+    # 3. verify
+    with watch.phase("verify"):
+        block = Block(tokens.unsqueeze(0), q.unsqueeze(0), p.unsqueeze(0))
+        block.validate(full=full_check)
+        outcome = verifier.step(block, generator, validate=False)
+        tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
+        emitted = outcome.emitted(block)
+    # 4. roll back both caches to the kept row and prefix; the new token stays pending
+    if drf.uses_target_features:  # the target's features of the pending chain and D_sel[:tau]
+        feats = tgt.last_features  # [1, nodes, d] (tree) or [K, pending + L', d] (rows)
+        drf.observe_target(feats[0, tree.path(sel, tau)] if tree is not None else feats[sel, :pending + tau])
+    if tree is not None:
+        tgt.keep_nodes(tree.path(sel, tau))
+    else:
+        tgt.keep(sel)
+        tgt.crop(n + tau)
+    drf.commit(sel, tau)
+    stats.accepted_lengths.append(tau)
+    stats.selected_drafts.append(sel)
+    return block, outcome, list(emitted)
+
+
 def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, prompt: list[int],
                         sampling: SamplingConfig, K: int, L: int, max_new_tokens: int, eos: frozenset[int],
                         ctx: int | None, generator: torch.Generator, stats: GenerationStats,
@@ -326,7 +365,6 @@ def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, pr
     as one token tree instead of K rows."""
     seq, out = list(prompt), []
     watch = stats.watch
-    gdev = generator.device
     verifier.reset()
     iteration = 0
     while True:
@@ -337,7 +375,7 @@ def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, pr
         # 1. draft: K i.i.d. blocks with their exact law (the model drafter: pending tokens in one row,
         #    fork K, L sequential steps over K rows)
         with watch.phase("draft"):
-            # blocks of 1..L tokens, except for verifiers whose state carries a window over the next L positions
+            # blocks of 0..L tokens, except for verifiers whose state carries a window over the next L positions
             proposal = drf.propose(seq, K, L, sampling, generator, shorter_ok=not verifier.stateful)
             tokens, q = proposal.tokens, proposal.q  # [K, L'], [K, L', V], 0 <= L' <= L
             stats.draft_calls += proposal.calls
@@ -345,43 +383,12 @@ def _decode_speculative(tgt: DecodeSession, drf: Drafter, verifier: Verifier, pr
                 stats.extra["short_blocks"] = stats.extra.get("short_blocks", 0) + 1
         if tokens.shape[1] == 0:  # the drafter proposed nothing: one autoregressive step (tau = 0)
             emitted = [_undrafted_step(tgt, drf, seq, sampling, generator, stats)]
+        else:  # 2.-4.; ``iteration`` counts the verified blocks
+            block, outcome, emitted = _verify_block(tgt, drf, verifier, seq, tokens, q, sampling, generator, stats,
+                                                    use_tree, full_check=iteration == 0)
+            if on_step is not None:
+                on_step(StepRecord(iteration, tuple(seq), block, outcome, tuple(emitted)))
             iteration += 1
-            seq.extend(emitted)
-            reason = _commit(out, emitted, max_new_tokens, eos)
-            if reason is not None:
-                stats.stop_reason = reason
-                break
-            continue
-        # 2. target: one pass over [pending, D_k] for all k (a token tree in one row, or K rows)
-        with watch.phase("target"):
-            pending = n - tgt.length  # committed tokens the target has not processed yet (>= 1)
-            tree = build_tree(seq[tgt.length:], tokens.cpu()) if use_tree else None
-            p = score_drafts(tgt, seq, tokens, sampling, tree).to(gdev)  # [K, L+1, V]
-            stats.target_calls += 1
-        # 3. verify
-        with watch.phase("verify"):
-            block = Block(tokens.unsqueeze(0), q.unsqueeze(0), p.unsqueeze(0))
-            # full O(K·L·V) value checks on the first iteration; later laws come from the same
-            # transform, so only the O(K·L) checks (shapes, drafted q > 0, NaN rows) run per step
-            block.validate(full=iteration == 0)
-            outcome = verifier.step(block, generator, validate=False)
-            tau, sel = int(outcome.tau[0]), int(outcome.sel[0])
-            emitted = outcome.emitted(block)
-        # 4. roll back both caches to the kept row and prefix; the new token stays pending
-        if drf.uses_target_features:  # the target's features of the pending chain and D_sel[:tau]
-            feats = tgt.last_features  # [1, nodes, d] (tree) or [K, pending + L, d] (rows)
-            drf.observe_target(feats[0, tree.path(sel, tau)] if tree is not None else feats[sel, :pending + tau])
-        if tree is not None:
-            tgt.keep_nodes(tree.path(sel, tau))
-        else:
-            tgt.keep(sel)
-            tgt.crop(n + tau)
-        drf.commit(sel, tau)
-        stats.accepted_lengths.append(tau)
-        stats.selected_drafts.append(sel)
-        if on_step is not None:
-            on_step(StepRecord(iteration, tuple(seq), block, outcome, tuple(emitted)))
-        iteration += 1
         seq.extend(emitted)
         reason = _commit(out, emitted, max_new_tokens, eos)
         if reason is not None:
