@@ -20,6 +20,7 @@ import torch
 
 import mdv
 from mdv.drafters import get_drafter
+from mdv.drafters.base import Draft
 from mdv.drafters.eagle import EagleDrafter, EagleNet, layer_config, load_eagle, save_eagle, target_features
 from mdv.engine import StepRecord, generate
 from mdv.errors import InvalidInputError, MdvError, MissingAssetError
@@ -119,6 +120,59 @@ def test_features_after_accepts_and_rejects_equal_a_fresh_pass(target3, eagle_fi
     taus = {t for t, _ in seen}
     assert len(seen) > 8 and 0 in taus and len(taus) >= 3, taus  # rejections at several depths
     assert max(e for _, e in seen) < 1e-9
+
+
+class _SkippingEagle(EagleDrafter):
+    """``eagle`` that proposes no block every other call where the engine allows it (as ``ngram`` does on a
+    miss): the engine's undrafted steps must hand it the pending chain's features like a verified block."""
+
+    name = "skipping_eagle"
+
+    def __init__(self, **opts) -> None:
+        super().__init__(**opts)
+        self.calls = self.skipped = 0
+
+    def propose(self, seq, K, L, sampling, generator, shorter_ok=False):
+        self.calls += 1
+        if shorter_ok and self.calls % 2 == 0:
+            self.skipped += 1
+            self._n = len(seq)  # what commit() crops the drafter's cache to: nothing was drafted
+            V = self.target.vocab_size
+            return Draft(torch.empty(K, 0, dtype=torch.long), torch.empty(K, 0, V, dtype=torch.float64), calls=0)
+        return super().propose(seq, K, L, sampling, generator, shorter_ok)
+
+
+def test_undrafted_steps_hand_the_features_over(target3, eagle_file, monkeypatch) -> None:
+    """After undrafted steps, the features the drafter holds equal a fresh target pass, and the drafter never
+    had to recompute one itself (the engine handed every committed position over)."""
+    import mdv.drafters.eagle as eagle_module
+
+    drf = _SkippingEagle(file=str(eagle_file))
+    drf.bind(target3, None)
+    own_passes = []
+    real = eagle_module.target_features
+    monkeypatch.setattr(eagle_module, "target_features", lambda *a, **k: own_passes.append(1) or real(*a, **k))
+    seen: list[float] = []
+
+    def check(rec: StepRecord) -> None:
+        tau = int(rec.outcome.tau[0])
+        n_target = len(rec.context) + tau
+        fresh = target_features(target3.model, (list(rec.context) + list(rec.emitted))[:n_target])
+        held = drf.committed_features
+        assert held.shape == fresh.shape, (len(rec.context), tau, rec.iteration)
+        seen.append((held - fresh).abs().max().item())
+        before = len(own_passes)  # the reference law below runs its own full pass: not the drafter's
+        ref = drf.reference_law(list(rec.context), SamplingConfig(1.0), committed=len(rec.context))
+        del own_passes[before:]
+        for k in range(rec.block.K):  # the recorded q is the reference law after the undrafted steps
+            assert (rec.block.q[0, k, 0] - ref).abs().max().item() < 1e-9
+
+    for seed, tp in ((0, "tree"), (1, "rows")):
+        res = generate(target3, None, PROMPT, "spectr", K=2, L=3, max_new_tokens=20, seed=seed, eos_token_id=[],
+                       drafter=drf, on_step=check, target_pass=tp)
+        assert res.stats["undrafted_steps"] >= 3
+    assert drf.skipped >= 6 and len(seen) >= 6 and max(seen) < 1e-9
+    assert not own_passes
 
 
 def test_drawn_tokens_follow_the_recorded_law(target3, eagle_file) -> None:
