@@ -177,7 +177,7 @@ def test_drafters_are_an_axis_of_every_speculative_method(tmp_path: Path) -> Non
     for c in cells:
         data = json.loads((tmp_path / "cells" / f"{c.cell_id}.json").read_text())
         if c.drafter == "ngram":
-            assert data["config"]["drafter"] == "ngram" and data["config"]["drafter_options"] == {"n_max": 3, "n_min": 1}
+            assert data["config"]["drafter"] == "ngram" and data["config"]["drafter_options"] == {"n_max": 3, "n_min": 2}
             assert all(g["stats"]["drafter"] == "ngram" and g["stats"]["draft_calls"] == 0 for g in data["generations"])
         else:
             assert "drafter" not in data["config"]
