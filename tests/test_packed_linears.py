@@ -130,6 +130,6 @@ def test_bad_input_gets_one_clear_error(tiny_pair) -> None:
     with packs:
         with pytest.raises(InvalidInputError, match="do not nest"):
             packs.__enter__()
-        with pytest.raises(InvalidInputError, match="another LinearPacks block"):
+        with pytest.raises(InvalidInputError, match="another LinearPacks or PanelPacks block"):
             LinearPacks(model, [2]).__enter__()
     packs.free()

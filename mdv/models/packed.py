@@ -118,45 +118,39 @@ def _packed_forward(self: torch.nn.Linear, x: Tensor) -> Tensor:
     return packed_linear(x, self.weight, self.bias, self._mdv_packs, self._mdv_pack_sizes)
 
 
-class LinearPacks:
-    """Every ``nn.Linear`` of ``model`` packed for each batch size of ``sizes``; ``with packs:`` runs the
-    model's linears on them (module docstring).
+class LinearForwards:
+    """The shared life cycle of prepared ``nn.Linear`` weights: ``with obj:`` gives each prepared layer its
+    own ``forward`` (an instance attribute, removed on exit), ``free()`` drops what was prepared.
 
-    Attributes: ``sizes`` (the sorted ladder), ``linears`` (how many layers were packed), ``pack_bytes``
-    (the memory the packs hold), ``weight_bytes`` (the packed layers' own weights), ``pack_seconds``."""
+    Subclasses fill ``self._packs`` with (layer, what was prepared for it) and define ``_install`` (set the
+    layer's ``forward`` and the attributes named in ``_attrs``)."""
 
-    def __init__(self, model: torch.nn.Module, sizes: Sequence[int]):
-        self.sizes = check_pack_sizes(sizes)
-        mods = check_packable(model)
-        t0 = time.perf_counter()
-        self._packs: list[tuple[torch.nn.Linear, dict[int, Tensor]]] = []
-        with torch.no_grad():
-            for m in mods:
-                w = m.weight.detach()
-                self._packs.append((m, {s: torch.ops.mkl._mkl_reorder_linear_weight(w, s) for s in self.sizes}))
-        self.pack_seconds = time.perf_counter() - t0
-        self.linears = len(mods)
-        self.weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in mods)
-        self.pack_bytes = sum(p.numel() * p.element_size() for _, d in self._packs for p in d.values())
+    _attrs: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._packs: list[tuple[torch.nn.Linear, Any]] = []
         self._active = False
 
-    def __enter__(self) -> "LinearPacks":
+    def _install(self, m: torch.nn.Linear, pack: Any) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "LinearForwards":
         if self._active:
-            raise InvalidInputError("these packs are already in use (LinearPacks blocks do not nest)")
+            raise InvalidInputError(f"these {type(self).__name__} are already in use (their blocks do not nest)")
         if not self._packs:
-            raise InvalidInputError("these packs were freed; build new LinearPacks")
-        for m, packs in self._packs:
+            raise InvalidInputError(f"these packs were freed; build new {type(self).__name__}")
+        for m, _ in self._packs:
             if "forward" in m.__dict__:
                 raise InvalidInputError(f"a linear of this model already has its own forward ({type(m).__name__});"
-                                        " another LinearPacks block is open on it")
-            m._mdv_packs, m._mdv_pack_sizes = packs, self.sizes
-            m.forward = types.MethodType(_packed_forward, m)
+                                        " another LinearPacks or PanelPacks block is open on it")
+        for m, pack in self._packs:
+            self._install(m, pack)
         self._active = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for m, _ in self._packs:
-            for attr in ("forward", "_mdv_packs", "_mdv_pack_sizes"):
+            for attr in ("forward", *self._attrs):
                 m.__dict__.pop(attr, None)
         self._active = False
 
@@ -165,6 +159,34 @@ class LinearPacks:
         if self._active:
             self.__exit__()
         self._packs = []
+
+
+class LinearPacks(LinearForwards):
+    """Every ``nn.Linear`` of ``model`` packed for each batch size of ``sizes``; ``with packs:`` runs the
+    model's linears on them (module docstring).
+
+    Attributes: ``sizes`` (the sorted ladder), ``linears`` (how many layers were packed), ``pack_bytes``
+    (the memory the packs hold), ``weight_bytes`` (the packed layers' own weights), ``pack_seconds``."""
+
+    _attrs = ("_mdv_packs", "_mdv_pack_sizes")
+
+    def __init__(self, model: torch.nn.Module, sizes: Sequence[int]):
+        super().__init__()
+        self.sizes = check_pack_sizes(sizes)
+        mods = check_packable(model)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for m in mods:
+                w = m.weight.detach()
+                self._packs.append((m, {s: torch.ops.mkl._mkl_reorder_linear_weight(w, s) for s in self.sizes}))
+        self.pack_seconds = time.perf_counter() - t0
+        self.linears = len(mods)
+        self.weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in mods)
+        self.pack_bytes = sum(p.numel() * p.element_size() for _, d in self._packs for p in d.values())
+
+    def _install(self, m: torch.nn.Linear, pack: Any) -> None:
+        m._mdv_packs, m._mdv_pack_sizes = pack, self.sizes
+        m.forward = types.MethodType(_packed_forward, m)
 
     def __repr__(self) -> str:
         return (f"LinearPacks(sizes={list(self.sizes)}, linears={self.linears}, pack_bytes={self.pack_bytes / 1e6:.3g} MB"

@@ -1,0 +1,202 @@
+"""Linear layers on panel-packed weights: a target pass that reads its weights at the memory bandwidth.
+
+MKL's sgemm runs the few-row products of a decode step (M = 1) or a verification pass (M = L + 1,
+K·L + 1) far below both machine limits: on the default target at M = 9 the 49,152-row head streams its
+113 MB at 3–4 GB/s against 16 GB/s of read bandwidth (``experiments.bench benchmarks=[pass_limit]``).
+Here every weight W [N, K] is repacked once into panels of 16 output columns,
+
+    P[p, k, c] = W[16 p + c, k]            P: [ceil(N / 16), K, 16]   (zero columns pad the last panel)
+
+and a small C kernel (``kernels/panel_linear.c``, AVX2 + FMA, OpenMP over panels at torch's thread
+count) computes ``y[m, 16 p + c] = sum_k x[m, k] P[p, k, c] (+ b)`` with a 6 x 16 block of y in registers
+(the BLIS micro-kernel shape; Goto & van de Geijn, "Anatomy of high-performance matrix multiplication",
+ACM TOMS 2008).  For M <= 6 each panel crosses memory once, so a pass costs about its weight bytes over
+the bandwidth whatever M; one pack serves every M (unlike MKL's packs, one per M, ~5x the weights each)
+and holds as many bytes as the weights.  The rows are independent, so y equals ``F.linear`` up to float32
+rounding (sums over k in order; on random weights its error against a float64 product is below MKL's).
+
+The kernel is compiled on first use with ``gcc`` (``$CC``) into ``$MDV_CACHE/kernels`` (one file per
+source and flags; written to a temporary name and renamed, so concurrent processes never see half a
+file).  It needs an x86-64 CPU with AVX2 and FMA and a C compiler; :func:`panel_kernel_status` says
+whether this machine has them, and :class:`PanelPacks` fails with that reason otherwise.
+
+Use (float32 CPU models only)::
+
+    panels = PanelPacks(model)   # packs every nn.Linear once (~0.5 s on 538 MB)
+    with panels:                 # the model's linears run on the panels inside
+        ...
+    panels.free()
+
+Outside ``torch.no_grad`` / ``inference_mode`` with a tensor that needs gradients, a layer takes
+``F.linear`` (the reference); a weight changed in place after packing raises an error instead of giving
+stale results.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mdv.errors import InvalidInputError
+from mdv.models.packed import LinearForwards, check_packable
+
+PANEL = 16  # output columns per panel: two AVX2 registers of float32
+_SOURCE = Path(__file__).with_name("kernels") / "panel_linear.c"
+_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "gcc"))
+
+
+def _cpu_has_avx2_fma() -> bool:
+    try:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")  # torch's AVX2 level includes FMA
+    except Exception:  # older torch: read the flags
+        try:
+            flags = Path("/proc/cpuinfo").read_text().split()
+        except OSError:
+            return False
+        return "avx2" in flags and "fma" in flags
+
+
+def panel_kernel_status() -> tuple[bool, str]:
+    """(True, "") when the panel kernel can be built and run here, else (False, why and what to do)."""
+    if not _cpu_has_avx2_fma():
+        return False, "the panel kernel needs an x86-64 CPU with AVX2 and FMA, which this machine lacks; run without panels"
+    if _compiler() is None:
+        return False, (f"the panel kernel is compiled on first use, but no C compiler was found"
+                       f" ({os.environ.get('CC', 'gcc')!r} is not on PATH): install gcc or set CC, or run without panels")
+    return True, ""
+
+
+def _kernel_path(cc: str) -> Path:
+    from mdv.assets.cache import cache_dir
+
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"panel_linear-{key}.so"
+
+
+@functools.lru_cache(maxsize=1)
+def load_panel_kernel() -> Any:
+    """The compiled kernel's ``panel_linear`` function (compiled on first use; module docstring), or one
+    clear :class:`InvalidInputError` saying why it cannot be."""
+    ok, why = panel_kernel_status()
+    if not ok:
+        raise InvalidInputError(why)
+    cc = _compiler()
+    assert cc is not None
+    so = _kernel_path(cc)
+    if not so.exists():
+        so.parent.mkdir(parents=True, exist_ok=True)
+        tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
+        proc = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(tmp)], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 or not tmp.exists():
+            tmp.unlink(missing_ok=True)
+            first = (proc.stderr or proc.stdout).strip().splitlines()
+            raise InvalidInputError(f"compiling the panel kernel with {cc} failed ({first[0] if first else 'no output'});"
+                                    " run without panels, or set CC to a compiler that accepts -mavx2 -mfma -fopenmp")
+        os.replace(tmp, so)  # atomic: another process sees the old file or the whole new one
+    lib = ctypes.CDLL(str(so))
+    fn = lib.panel_linear
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def pack_panels(weight: Tensor) -> Tensor:
+    """weight [N, K] -> panels [ceil(N/16), K, 16] with P[p, k, c] = W[16p + c, k] (zeros past row N)."""
+    n, k = weight.shape
+    pad = -n % PANEL
+    w = weight.detach().float()
+    if pad:
+        w = torch.cat([w, w.new_zeros(pad, k)])
+    return w.reshape(-1, PANEL, k).transpose(1, 2).contiguous()  # [N'/16, K, 16]
+
+
+def panel_linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    """``F.linear(x, W, b)`` on the panels of W (module docstring).
+
+    x: [..., K] float32 on the CPU; panels: [N'/16, K, 16] (:func:`pack_panels`); bias: [N'] (padded like
+    the panels) or None.  -> [..., out_features]."""
+    kernel = load_panel_kernel()
+    lead = x.shape[:-1]
+    k = x.shape[-1]
+    n_pad = panels.shape[0] * PANEL
+    x2 = x.reshape(-1, k).contiguous()  # [M, K]
+    rows = x2.shape[0]
+    y = torch.empty(rows, n_pad, dtype=torch.float32)  # [M, N']
+    rc = kernel(x2.data_ptr(), panels.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+                rows, n_pad, k, torch.get_num_threads())
+    if rc != 0:  # pack_panels always pads to whole panels; this is a bug, not bad input
+        raise RuntimeError(f"panel_linear kernel refused N = {n_pad} (not a multiple of {PANEL})")
+    return y[:, :out_features].reshape(*lead, out_features)
+
+
+def _version_of(t: Tensor) -> int | None:
+    """t's in-place version counter (None for an inference tensor, which has none)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return None
+
+
+def _panel_forward(self: torch.nn.Linear, x: Tensor) -> Tensor:
+    if self._mdv_panel_version is not None and _version_of(self.weight) != self._mdv_panel_version:
+        raise InvalidInputError("a packed linear's weight changed after packing (in-place update): its panels are"
+                                " stale; leave the PanelPacks block and build new PanelPacks")
+    if (x.dtype != torch.float32 or x.device.type != "cpu"
+            or torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+        return F.linear(x, self.weight, self.bias)
+    return panel_linear(x, self._mdv_panels, self._mdv_panel_bias, self.out_features)
+
+
+class PanelPacks(LinearForwards):
+    """Every ``nn.Linear`` of ``model`` on panel-packed weights; ``with panels:`` runs the model's linears on
+    them (module docstring).  A weight shared by several layers (a tied head) is packed once.
+
+    Attributes: ``linears`` (how many layers), ``pack_bytes`` (the memory the panels hold), ``weight_bytes``
+    (the distinct packed weights), ``pack_seconds``."""
+
+    _attrs = ("_mdv_panels", "_mdv_panel_bias", "_mdv_panel_version")
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        mods = check_packable(model)
+        load_panel_kernel()  # compile (or fail) now, not in the middle of a pass
+        t0 = time.perf_counter()
+        by_weight: dict[int, Tensor] = {}
+        with torch.no_grad():
+            for m in mods:
+                panels = by_weight.get(id(m.weight))
+                if panels is None:
+                    panels = by_weight[id(m.weight)] = pack_panels(m.weight)
+                bias = None
+                if m.bias is not None:
+                    bias = torch.zeros(panels.shape[0] * PANEL)
+                    bias[:m.out_features] = m.bias.detach()
+                self._packs.append((m, (panels, bias, _version_of(m.weight))))
+        self.pack_seconds = time.perf_counter() - t0
+        self.linears = len(mods)
+        distinct = {id(m.weight): m.weight for m in mods}
+        self.weight_bytes = sum(w.numel() * w.element_size() for w in distinct.values())
+        self.pack_bytes = sum(p.numel() * p.element_size() for p in by_weight.values())
+
+    def _install(self, m: torch.nn.Linear, pack: Any) -> None:
+        m._mdv_panels, m._mdv_panel_bias, m._mdv_panel_version = pack
+        m.forward = types.MethodType(_panel_forward, m)
+
+    def __repr__(self) -> str:
+        return (f"PanelPacks(linears={self.linears}, pack_bytes={self.pack_bytes / 1e6:.3g} MB"
+                f" for {self.weight_bytes / 1e6:.3g} MB of weights)")

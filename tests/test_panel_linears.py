@@ -1,0 +1,226 @@
+"""mdv.models.panels: linears on panel-packed weights equal F.linear (the reference) and a float64 product on
+the same inputs, the same at 1 and 2 threads to the bit, a panel-packed target keeps every lossless method's
+T = 0 output equal to AR greedy, the model is left as it was, and bad input gets one clear error."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mdv.errors import InvalidInputError
+from mdv.models import panels
+from mdv.models.panels import PANEL, PanelPacks, pack_panels, panel_kernel_status, panel_linear
+
+pytestmark = pytest.mark.skipif(not panel_kernel_status()[0], reason=panel_kernel_status()[1] or "available")
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    from mdv.models.tiny_random import build_tiny_random_pair
+
+    return build_tiny_random_pair(vocab_size=96, seed=3, hidden_size=48, num_layers=2)
+
+
+@pytest.fixture()
+def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every product that ran on the kernel (so a test can tell it from the F.linear fallback)."""
+    calls: list[int] = []
+    real = panels.panel_linear
+
+    def counting(x, pan, bias, out_features):
+        calls.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return real(x, pan, bias, out_features)
+
+    monkeypatch.setattr(panels, "panel_linear", counting)
+    return calls
+
+
+def _panels_and_bias(w: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    pan = pack_panels(w)
+    if b is None:
+        return pan, None
+    bias = torch.zeros(pan.shape[0] * PANEL)
+    bias[:b.numel()] = b
+    return pan, bias
+
+
+def test_pack_panels_layout_and_zero_padding() -> None:
+    w = torch.arange(40 * 3, dtype=torch.float32).reshape(40, 3)  # N = 40: 3 panels, the last one 8 columns short
+    pan = pack_panels(w)
+    assert pan.shape == (3, 3, PANEL) and pan.is_contiguous()
+    for p in range(3):
+        for k in range(3):
+            for c in range(PANEL):
+                n = PANEL * p + c
+                assert pan[p, k, c] == (w[n, k] if n < 40 else 0.0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 12, 13, 40])
+@pytest.mark.parametrize("n_out,k_in,bias", [(16, 48, False), (40, 7, True), (96, 48, True), (80, 1, False)])
+def test_panel_linear_equals_f_linear_and_a_float64_product(rows: int, n_out: int, k_in: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + n_out + k_in)
+    w = torch.randn(n_out, k_in, generator=gen)
+    b = torch.randn(n_out, generator=gen) if bias else None
+    x = torch.randn(rows, k_in, generator=gen)
+    pan, pb = _panels_and_bias(w, b)
+    with torch.inference_mode():
+        got = panel_linear(x, pan, pb, n_out)
+    ref = F.linear(x, w, b)
+    assert got.shape == ref.shape == (rows, n_out)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    exact = x.double() @ w.double().t() + (0 if b is None else b.double())
+    # float32 sums of k_in products: |error| <= k_in * eps * sum |x w| (a loose, always-true bound)
+    bound = k_in * 2 ** -23 * ((x.double().abs() @ w.double().abs().t()) + (0 if b is None else b.double().abs()))
+    assert bool(((got.double() - exact).abs() <= bound + 1e-30).all())
+
+
+def test_panel_linear_keeps_leading_dims_and_takes_strided_input() -> None:
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(40, 24, generator=gen)
+    x = torch.randn(3, 24, 5, generator=gen).transpose(1, 2)  # [3, 5, 24], not contiguous
+    pan, _ = _panels_and_bias(w, None)
+    got = panel_linear(x, pan, None, 40)
+    assert got.shape == (3, 5, 40)
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_one_and_two_threads_give_the_same_bits() -> None:
+    # each output column belongs to one panel and one thread, summed in the same order: no reduction across threads
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(160, 64, generator=gen)
+    x = torch.randn(9, 64, generator=gen)
+    pan, _ = _panels_and_bias(w, None)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = panel_linear(x, pan, None, 160)
+        torch.set_num_threads(2)
+        two = panel_linear(x, pan, None, 160)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def _extend_probs(model, tokens: list[int], n_new: int) -> torch.Tensor:
+    s = model.new_session()
+    with torch.inference_mode():
+        s.prefill(tokens[:-n_new])
+        return torch.softmax(s.extend(torch.tensor([tokens[-n_new:]]))[0].double(), -1)  # [n_new, V]
+
+
+def test_panel_target_pass_equals_the_plain_pass(tiny_pair, kernel_calls: list[int]) -> None:
+    target = tiny_pair[0]
+    model = target.model
+    keys = list(model.state_dict())
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, target.vocab_size, (20,), generator=gen).tolist()
+    pp = PanelPacks(model)
+    assert pp.linears == len(linears) and pp.pack_bytes >= pp.weight_bytes > 0
+    for n_new in (1, 3, 5, 6, 7, 9, 12):
+        plain = _extend_probs(target, tokens, n_new)
+        kernel_calls.clear()
+        with pp:
+            assert all("forward" in m.__dict__ for m in linears)
+            got = _extend_probs(target, tokens, n_new)
+        assert (got - plain).abs().max() < 1e-6
+        assert len(kernel_calls) == 2 * len(linears) and kernel_calls[-1] == n_new  # every linear of prefill and pass
+        assert all("forward" not in m.__dict__ and not hasattr(m, "_mdv_panels") for m in linears)
+    assert list(model.state_dict()) == keys
+    pp.free()
+    with pytest.raises(InvalidInputError, match="freed"):
+        pp.__enter__()
+
+
+def test_a_tied_weight_is_packed_once() -> None:
+    emb = torch.nn.Embedding(64, 32)
+    head = torch.nn.Linear(32, 64, bias=False)
+    head.weight = emb.weight  # tied, as in the default target
+    other = torch.nn.Linear(32, 32)
+    pp = PanelPacks(torch.nn.ModuleList([emb, head, other]))
+    assert pp.linears == 2
+    assert pp.weight_bytes == (64 * 32 + 32 * 32) * 4 == pp.pack_bytes  # N = 64 and 32: whole panels, no padding
+
+
+@pytest.mark.parametrize("method,K,target_pass", [("sd", 1, "rows"), ("bv", 1, "rows"), ("spectr", 3, "tree"),
+                                                   ("mdbv", 2, "rows")])
+def test_panel_target_keeps_t0_equal_to_ar_greedy(tiny_pair, method: str, K: int, target_pass: str) -> None:
+    from mdv.engine import generate
+
+    target, draft, _ = tiny_pair
+    prompt = [1, 5, 9, 13]
+    ar = generate(target, None, prompt, "ar", temperature=0.0, max_new_tokens=24, eos_token_id=[]).tokens
+    with PanelPacks(target.model):
+        got = generate(target, draft, prompt, method, K=K, L=4, temperature=0.0, max_new_tokens=24, eos_token_id=[],
+                       target_pass=target_pass).tokens
+    assert got == ar
+
+
+def test_autograd_and_other_dtypes_take_the_reference(kernel_calls: list[int]) -> None:
+    lin = torch.nn.Linear(8, 16)
+    x = torch.randn(4, 8)
+    with PanelPacks(torch.nn.Sequential(lin)):
+        lin(x).sum().backward()  # grad enabled and the weight needs grad: F.linear
+        assert kernel_calls == [] and lin.weight.grad is not None
+        with torch.no_grad():
+            torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        assert kernel_calls == [4]
+
+
+def test_a_weight_changed_after_packing_is_refused() -> None:
+    lin = torch.nn.Linear(8, 16)
+    pp = PanelPacks(torch.nn.Sequential(lin))
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+        with pp, pytest.raises(InvalidInputError, match="stale"):
+            lin(torch.randn(2, 8))
+
+
+def test_bad_input_gets_one_clear_error(tiny_pair, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    model = tiny_pair[0].model
+    with pytest.raises(InvalidInputError, match="float32 models on the CPU"):
+        PanelPacks(torch.nn.Sequential(torch.nn.Linear(4, 4).half()))
+    with pytest.raises(InvalidInputError, match="no nn.Linear"):
+        PanelPacks(torch.nn.Sequential(torch.nn.ReLU()))
+    pp = PanelPacks(model)
+    with pp:
+        with pytest.raises(InvalidInputError, match="do not nest"):
+            pp.__enter__()
+        with pytest.raises(InvalidInputError, match="another LinearPacks or PanelPacks block"):
+            PanelPacks(model).__enter__()
+    pp.free()
+    # no compiler, and a compiler that fails: one line each, naming the fix (a fresh cache: nothing prebuilt)
+    monkeypatch.setenv("MDV_CACHE", str(tmp_path))
+    panels.load_panel_kernel.cache_clear()
+    try:
+        monkeypatch.setenv("CC", "mdv-no-such-compiler")
+        assert panel_kernel_status()[0] is False
+        with pytest.raises(InvalidInputError, match="no C compiler was found.*set CC"):
+            PanelPacks(model)
+        monkeypatch.setenv("CC", "false")  # exists, exits 1 and writes nothing
+        with pytest.raises(InvalidInputError, match="compiling the panel kernel with .*false failed"):
+            PanelPacks(model)
+        assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.tmp"))
+    finally:
+        panels.load_panel_kernel.cache_clear()
+
+
+def test_two_processes_compiling_at_once_both_get_a_whole_kernel(tmp_path) -> None:
+    code = textwrap.dedent("""
+        import torch, torch.nn.functional as F
+        from mdv.models.panels import pack_panels, panel_linear
+        w = torch.randn(48, 32); x = torch.randn(3, 32)
+        torch.testing.assert_close(panel_linear(x, pack_panels(w), None, 48), F.linear(x, w), rtol=1e-5, atol=1e-5)
+        print("ok")
+    """)
+    env = {**__import__("os").environ, "MDV_CACHE": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o[0].strip() for o in outs] == ["ok", "ok"]
+    assert len(list(tmp_path.rglob("*.so"))) == 1 and not list(tmp_path.rglob("*.tmp"))
