@@ -308,6 +308,72 @@ def test_pass_limit_benchmark_packed_side_by_side(tiny_pair, tmp_path) -> None:
     assert not any("forward" in m.__dict__ for m in tiny_pair[0].model.modules())
 
 
+def _panels_available() -> bool:
+    from mdv.models.panels import panel_kernel_status
+
+    return panel_kernel_status()[0]
+
+
+@pytest.mark.skipif(not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler")
+def test_pass_limit_benchmark_packed_and_panels_side_by_side(tiny_pair, tmp_path) -> None:
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_pass_limit
+
+    cfg = bench.PassLimitBench(pair=PairKind.tiny_random, n=[1, 3], threads=[1, 2], context=5, repeats=3,
+                               bandwidth_megabytes=8, gemm_size=64, packed=True, panels=True)
+    rec = _check_record(bench.run_pass_limit(cfg, target=tiny_pair[0]), "pass_limit", tmp_path)
+    res = rec["results"]
+    for entry in res["per_threads"]:
+        for r in entry["passes"]:
+            for v in ("packed", "panels"):
+                _check_spread(r[f"{v}_ms"], 3)
+                _check_spread(r[f"{v}_vs_plain"], 3)
+                assert r[f"{v}_vs_limit"]["median"] == pytest.approx(r[f"{v}_ms"]["median"] / r["limit_ms"])
+                assert r[f"{v}_abs_prob_diff"] < 1e-6
+    assert res["max_abs_prob_diff_panels_vs_plain"] < 1e-6
+    assert res["panel_pack_bytes"] > 0
+    # float32 rounding alone: both full passes are within float32 noise of the float64 one, and not equal to it
+    assert 0 < res["max_abs_prob_diff_plain_vs_float64"] < 1e-5 and 0 < res["max_abs_prob_diff_panels_vs_float64"] < 1e-5
+    # per thread count 2 plain goals, then per variant 2 x 2 passes and its p check; plus the cached-vs-full check
+    assert len(rec["goals"]) == 4 + 1 + 2 * (4 + 1)
+    assert [g["met"] for g in rec["goals"] if "p equal to the plain pass" in g["goal"]] == [True, True]
+    assert not any("forward" in m.__dict__ for m in tiny_pair[0].model.modules())
+    text = "\n".join(section_pass_limit(load_record(tmp_path / "bench_pass_limit.json")))
+    assert "panels ÷ plain" in text and "Panels: the linears on 16-column weight panels" in text, text
+
+
+@pytest.mark.skipif(not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler")
+def test_e2e_panel_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypatch) -> None:
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_e2e
+    from mdv.models import panels as panels_mod
+
+    rows_seen: list[int] = []  # the rows of every product that really ran on the panels
+    real = panels_mod.panel_linear
+    monkeypatch.setattr(panels_mod, "panel_linear",
+                        lambda x, p, b, n: rows_seen.append(x.reshape(-1, x.shape[-1]).shape[0]) or real(x, p, b, n))
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=6, temperatures=[0.0],
+                   methods=["sd", "spectr"], K=[1, 3], L=[2], goal_temperature=0.0, panels=True)
+    rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
+    rows = {(r["method"], r["K"], r["L"], r["linears"]): r for r in rec["results"]}
+    cells = {("ar", None, None), ("sd", 1, 2), ("spectr", 1, 2), ("spectr", 3, 2)}
+    assert set(rows) == {(*c, v) for c in cells for v in ("plain", "panels")}
+    for (m, K, L, linears), r in rows.items():
+        assert r["panels"] == (linears == "panels") and r["packed"] is False
+        if m == "ar":
+            assert r["speedup"]["median"] == 1.0  # AR on panels is the panel cells' baseline
+        if linears == "panels":
+            _check_spread(r["panels_speed_vs_plain"], 2)
+            # T = 0: float32 rounding leaves the greedy tokens and so the acceptance unchanged here
+            assert r["block_efficiency"] == rows[(m, K, L, "plain")]["block_efficiency"]
+        else:
+            assert "panels_speed_vs_plain" not in r
+    assert {1, 3} <= set(rows_seen), sorted(set(rows_seen))  # AR steps; L + 1 rows (at T = 0 the K drafts are one path)
+    assert not any("forward" in m.__dict__ for m in tiny_pair[0].model.modules())  # panels removed and freed
+    text = "\n".join(section_e2e(load_record(tmp_path / "bench_e2e.json")))
+    assert "| sd panels |" in text and "| ar panels |" in text, text
+
+
 def test_hf_compare_benchmark_tiny(tmp_path) -> None:
     pair = bench.load_pair(torch.device("cpu"), PairKind.tiny_random, TinyPair(num_layers=2))
     cfg = bench.HFCompareBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=5,

@@ -116,6 +116,8 @@ class E2EBench:
     packed: bool = False
     pack_rungs: list[int] = field(default_factory=lambda: [1, 4, 8])
     pack_cache: int = 2
+    #: also run every cell (AR included) with the target's linears on 16-column weight panels (mdv.models.panels)
+    panels: bool = False
     #: goals at goal_temperature: the best setting >= goal_best x AR, sd at its best L >= goal_sd x AR.
     goal_temperature: float = 0.4
     goal_best: float = 2.0
@@ -162,6 +164,8 @@ class PassLimitBench:
     #: smallest of pack_rungs at or above it (padded), or for n itself above them
     packed: bool = False
     pack_rungs: list[int] = field(default_factory=lambda: [1, 4, 8])
+    #: also time every n with the linears on 16-column weight panels (mdv.models.panels), side by side
+    panels: bool = False
     seed: int = 0
     #: goals: every pass within goal_ratio x its limit; the cached pass's p equal to a full pass within goal_prob_diff
     goal_ratio: float = 1.5
@@ -350,6 +354,12 @@ def validate(cfg: BenchConfig) -> None:
     if (e2e.packed or cfg.pass_limit.packed) and not mkl_packing_available():
         raise InvalidInputError("e2e.packed / pass_limit.packed need a torch build with MKL (torch.backends.mkl is not"
                                 " available here); set them to false")
+    if e2e.panels or cfg.pass_limit.panels:
+        from mdv.models.panels import panel_kernel_status
+
+        ok, why = panel_kernel_status()
+        if not ok:
+            raise InvalidInputError(f"e2e.panels / pass_limit.panels: {why} (set them to false)")
     pl = cfg.pass_limit
     if not pl.n or any(n < 1 for n in pl.n) or not pl.threads or any(t < 1 for t in pl.threads):
         raise InvalidInputError(f"pass_limit.n and pass_limit.threads must be non-empty lists of integers >= 1; got"

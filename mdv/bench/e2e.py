@@ -9,6 +9,10 @@ so both sides of every ratio run the same target code.  A cell's packs serve its
 ``pack_cache`` sizes are kept (each holds ~5x the target's weights), older ones are freed and rebuilt
 when needed, outside the timed generation.  Drafters that run the target's own modules (``layerskip``'s
 layers, ``eagle``'s head) run them on the packs too, their K-row steps padded up to the cell's size.
+
+With ``panels: true`` every cell also runs with the target's linears on 16-column weight panels
+(:mod:`mdv.models.panels`; one pack, as many bytes as the weights, serves every pass), speedup over AR on
+panels.  The draft model's own linears stay plain in every variant, so the ratios isolate the target code.
 """
 from __future__ import annotations
 
@@ -29,12 +33,13 @@ from mdv.models.packed import rung_for
 
 
 # ====================================================================================== e2e
-Cell = tuple[str, Optional[int], Optional[int], Optional[str], bool]
+#: (method, K, L, drafter, linears): linears is "plain", "packed" (MKL packs) or "panels" (weight panels)
+Cell = tuple[str, Optional[int], Optional[int], Optional[str], str]
 
 
 def _e2e_cells(cfg: E2EBench) -> list[Cell]:
-    """(method, K, L, drafter, packed) in run order: AR first (no K, L or drafter), then every drafter x
-    method; with ``cfg.packed`` every cell twice, plain then packed."""
+    """(method, K, L, drafter, linears) in run order: AR first (no K, L or drafter), then every drafter x
+    method; every cell plain, then packed (``cfg.packed``), then on panels (``cfg.panels``)."""
     from mdv.verify.registry import VERIFIERS
 
     plain: list[tuple[str, int | None, int | None, str | None]] = [("ar", None, None, None)]
@@ -44,7 +49,8 @@ def _e2e_cells(cfg: E2EBench) -> list[Cell]:
                 for L in cfg.L:
                     if (m, K, L, d) not in plain:
                         plain.append((m, K, L, d))
-    return [(*c, packed) for c in plain for packed in ((False, True) if cfg.packed else (False,))]
+    variants = ["plain"] + (["packed"] if cfg.packed else []) + (["panels"] if cfg.panels else [])
+    return [(*c, v) for c in plain for v in variants]
 
 
 def pack_size(cell: Cell, tree: bool, rungs: Sequence[int]) -> int:
@@ -83,6 +89,10 @@ class PackCache:
         self._packs.clear()
 
 
+def _linears_note(row: dict[str, Any]) -> str:
+    return "" if row.get("linears", "plain") == "plain" else f", {row['linears']}"
+
+
 def interleaved_generations(cells: Sequence[Any], prompts: Sequence[list[int]],
                             run_cell: Callable[[Any, int, list[int]], dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
     """Every cell on every prompt, prompt by prompt, the cell order rotated by one per prompt (so machine
@@ -110,7 +120,7 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
 
     for d in cfg.drafters:  # a drafter that cannot run on this pair fails here, before any generation
         get_drafter(d, **dict(cfg.drafter_options.get(d) or {})).bind(target, draft)
-    if cfg.packed:  # float32 on the CPU with MKL, or one clear error before any generation
+    if cfg.packed or cfg.panels:  # float32 on the CPU (with MKL / the panel kernel), or one clear error now
         from mdv.models.packed import check_packable
 
         check_packable(target.model)
@@ -123,17 +133,27 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
 
     tree = tree_capable(target.new_session())
     packs = PackCache(target.model, cfg.pack_cache) if cfg.packed else None
+    if cfg.panels:
+        from mdv.models.panels import PanelPacks
+
+        panels = PanelPacks(target.model)  # one pack serves every cell (compiles the kernel, or fails, here)
+    else:
+        panels = None
     bar = tqdm(total=len(cfg.temperatures) * len(prompts) * len(cells), desc="e2e generations", unit="gen",
                dynamic_ncols=True, file=sys.stderr)
     try:
         for T in cfg.temperatures:
             def run_cell(cell: Cell, i: int, ids: list[int], T: float = T) -> dict[str, Any]:
-                m, K, L, d, packed = cell
+                m, K, L, d, linears = cell
                 bar.set_postfix_str(f"T={T:g} prompt {i + 1}/{len(prompts)} {m} K={K or 1} L={L or 1} {d or ''}"
-                                    f"{' packed' if packed else ''}", refresh=False)
+                                    f"{'' if linears == 'plain' else ' ' + linears}", refresh=False)
                 extra = {} if d is None else {"drafter": d, "drafter_options": dict(cfg.drafter_options.get(d) or {})}
                 # packs are built (when not cached) before the generation, so their cost is not timed
-                ctx = packs.get(pack_size(cell, tree, cfg.pack_rungs)) if packed and packs is not None else nullcontext()
+                ctx: Any = nullcontext()
+                if linears == "packed" and packs is not None:
+                    ctx = packs.get(pack_size(cell, tree, cfg.pack_rungs))
+                elif linears == "panels" and panels is not None:
+                    ctx = panels
                 with ctx:
                     r = generate(target, draft if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[], **extra)
@@ -141,8 +161,8 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
                 return r.stats
 
             stats = interleaved_generations(cells, prompts, run_cell)
-            for (m, K, L, d, packed), st in stats.items():
-                ar = stats[("ar", None, None, None, packed)]
+            for (m, K, L, d, linears), st in stats.items():
+                ar = stats[("ar", None, None, None, linears)]
                 timed = st[1:]  # prompt 0 is the warm-up
                 speed = ratios_of([a["decode_s"] for a in ar[1:]], [s["decode_s"] for s in timed])
                 speed_e2e = ratios_of([a["total_s"] for a in ar[1:]], [s["total_s"] for s in timed])
@@ -151,49 +171,58 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
                 dec = sum(s["decode_s"] for s in timed)
                 split = {k: (sum(s[f"{k}_s"] for s in timed) / dec if dec > 0 else float("nan"))
                          for k in ("draft", "target", "verify", "other")}
-                row = {"temperature": T, "method": m, "K": K, "L": L, "drafter": d, "packed": packed,
+                row = {"temperature": T, "method": m, "K": K, "L": L, "drafter": d, "linears": linears,
+                       "packed": linears == "packed", "panels": linears == "panels",
                        "tokens_per_second": spread([s["tokens_per_second"] for s in timed]),
                        "speedup": spread(speed), "speedup_mean": statistics.fmean(speed) if speed else float("nan"),
                        "speedup_e2e": spread(speed_e2e),
                        "block_efficiency": tokens / calls if calls else float("nan"),
                        "time_split": split, "n_timed_prompts": len(timed)}
-                if packed:
-                    plain = stats[(m, K, L, d, False)][1:]
-                    row["pack_size"] = pack_size((m, K, L, d, packed), tree, cfg.pack_rungs)
-                    #: plain decode s / packed decode s per prompt: what the packs alone gain on this cell
-                    row["packed_speed_vs_plain"] = spread(ratios_of([s["decode_s"] for s in plain],
-                                                                    [s["decode_s"] for s in timed]))
+                if linears != "plain":
+                    plain = stats[(m, K, L, d, "plain")][1:]
+                    #: plain decode s / this cell's decode s per prompt: what the packs or panels alone gain here
+                    row[f"{linears}_speed_vs_plain"] = spread(ratios_of([s["decode_s"] for s in plain],
+                                                                        [s["decode_s"] for s in timed]))
+                if linears == "packed":
+                    row["pack_size"] = pack_size((m, K, L, d, linears), tree, cfg.pack_rungs)
                 results.append(row)
     finally:
         bar.close()
         if packs is not None:
             packs.free()
-    packed_col = bool(cfg.packed)
+        if panels is not None:
+            panels.free()
+    packed_col, panels_col = bool(cfg.packed), bool(cfg.panels)
     rows = [[r["temperature"], r["method"], r["drafter"] or "-", r["K"] or "-", r["L"] or "-"]
+            + ([r["linears"]] if panels_col else [])
             + ([r["pack_size"] if r["packed"] else "-"] if packed_col else []) + [
              range_text(r["tokens_per_second"]),
              range_text(r["speedup"]), fmt_number(r["block_efficiency"]),
              " / ".join(f"{100 * r['time_split'][k]:.0f}%" if not math.isnan(r["time_split"][k]) else "-"
                         for k in ("draft", "target", "verify", "other"))]
-            + ([range_text(r["packed_speed_vs_plain"]) if r["packed"] else "-"] if packed_col else []) for r in results]
+            + ([range_text(r["packed_speed_vs_plain"]) if r["packed"] else "-"] if packed_col else [])
+            + ([range_text(r["panels_speed_vs_plain"]) if r["panels"] else "-"] if panels_col else []) for r in results]
     print_table(f"end to end: {target.name} + {draft.name}; {len(prompts) - 1} timed prompts (+1 warm-up) x"
                 f" {cfg.max_new_tokens} new tokens from {label}; decode speedup = AR decode s / method decode s per"
                 " prompt, median [min, max]" + ("; packed rows: linears on MKL packs for that many rows, speedup vs packed AR"
-                                              if packed_col else ""),
-                ["T", "method", "drafter", "K", "L"] + (["packed rows"] if packed_col else [])
+                                              if packed_col else "")
+                + ("; linears = panels: the target's linears on weight panels (mdv.models.panels), speedup vs AR on panels"
+                   if panels_col else ""),
+                ["T", "method", "drafter", "K", "L"] + (["linears"] if panels_col else [])
+                + (["packed rows"] if packed_col else [])
                 + ["tokens/s", "speedup vs AR", "block eff.", "draft/target/verify/other"]
-                + (["packed / plain speed"] if packed_col else []), rows)
+                + (["packed / plain speed"] if packed_col else []) + (["panels / plain speed"] if panels_col else []), rows)
     goals = []
     at = [r for r in results if r["temperature"] == cfg.goal_temperature and r["method"] != "ar"]
     if at:
         best = max(at, key=lambda r: r["speedup"]["median"] if r["speedup"]["n"] else -1.0)
         goals.append(goal_record(f"best method at T={cfg.goal_temperature:g} ({best['method']} K={best['K']} L={best['L']}"
-                                 f" drafter {best['drafter']}{', packed' if best['packed'] else ''})"
+                                 f" drafter {best['drafter']}{_linears_note(best)})"
                            f" >= {cfg.goal_best:g}x AR", best["speedup"]["median"], cfg.goal_best, at_most=False))
         sd = [r for r in at if r["method"] == "sd"]
         if sd:
             b = max(sd, key=lambda r: r["speedup"]["median"] if r["speedup"]["n"] else -1.0)
-            goals.append(goal_record(f"sd at its best L (L={b['L']}, drafter {b['drafter']}{', packed' if b['packed'] else ''}) at T={cfg.goal_temperature:g} >= {cfg.goal_sd:g}x AR",
+            goals.append(goal_record(f"sd at its best L (L={b['L']}, drafter {b['drafter']}{_linears_note(b)}) at T={cfg.goal_temperature:g} >= {cfg.goal_sd:g}x AR",
                                b["speedup"]["median"], cfg.goal_sd, at_most=False))
     print_goals(goals)
     return bench_record("e2e", cfg, str(dev), str(target.dtype).removeprefix("torch."), results,

@@ -17,9 +17,13 @@ With ``packed: true`` every n is also timed with the target's linears on MKL pac
 ``rung_for(n, pack_rungs)`` rows (n itself, or the next rung up with zero rows padded; :mod:`mdv.models.packed`;
 one pack at a time, built before and freed after that n's timings),
 alternating with the plain pass in the same loop, and that pass's p is checked against the plain one.
+With ``panels: true`` the same for the linears on 16-column weight panels (:mod:`mdv.models.panels`: one
+pack for every n, as many bytes as the weights), and both float32 full passes are compared with a float64
+one, which shows how far float32 rounding alone moves p.
 """
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any, Optional
 
@@ -30,6 +34,7 @@ from mdv.bench.pairs import target_for, torch_device
 from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, spread, sync_for, time_call
 from mdv.models.packed import LinearPacks, rung_for
+from mdv.models.panels import PanelPacks
 
 
 def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -74,6 +79,7 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
     tokens = torch.randint(0, target.vocab_size, (cfg.context + n_max,), generator=gen).tolist()
     threads_before = torch.get_num_threads()
     per_threads: list[dict[str, Any]] = []
+    panels = PanelPacks(target.model) if cfg.panels else None  # one pack serves every n and thread count
     try:
         for t in cfg.threads:
             torch.set_num_threads(int(t))
@@ -92,68 +98,100 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                         s.crop(cfg.context)
                         return logits
 
-                    packs = LinearPacks(target.model, [rung_for(n, cfg.pack_rungs)]) if cfg.packed else None
+                    # the variants timed beside the plain pass, alternating with it so load drift hits all alike
+                    variants: dict[str, Any] = {}
+                    if cfg.packed:
+                        variants["packed"] = LinearPacks(target.model, [rung_for(n, cfg.pack_rungs)])
+                    if panels is not None:
+                        variants["panels"] = panels
                     for _ in range(cfg.warmup):
                         one_pass()
-                        if packs is not None:
-                            with packs:
+                        for ctx in variants.values():
+                            with ctx:
                                 one_pass()
-                    ms, packed_ms = [], []
-                    for _ in range(cfg.repeats):  # plain and packed alternate, so load drift hits both alike
+                    ms: list[float] = []
+                    variant_ms: dict[str, list[float]] = {v: [] for v in variants}
+                    for _ in range(cfg.repeats):
                         ms.append(1e3 * time_call(one_pass, sync))
-                        if packs is not None:
-                            with packs:
-                                packed_ms.append(1e3 * time_call(one_pass, sync))
+                        for v, ctx in variants.items():
+                            with ctx:
+                                variant_ms[v].append(1e3 * time_call(one_pass, sync))
                     limit_ms = 1e3 * max(weight_bytes / (bw_med * 1e9), n * flops_per_token / (peak_med * 1e9))
                     row = {"n": n, "ms": spread(ms), "limit_ms": limit_ms,
                            "bound": "bandwidth" if weight_bytes / bw_med >= n * flops_per_token / peak_med
                            else "compute",
                            "vs_limit": spread([m / limit_ms for m in ms])}
-                    if packs is not None:
+                    if variants:
                         plain_p = torch.softmax(one_pass()[0].double(), -1)
-                        with packs:
-                            packed_p = torch.softmax(one_pass()[0].double(), -1)
-                        row.update({"packed_ms": spread(packed_ms), "packed_vs_limit": spread([m / limit_ms for m in packed_ms]),
-                                    "packed_vs_plain": spread(ratios_of(packed_ms, ms)),
-                                    "packed_abs_prob_diff": float((packed_p - plain_p).abs().max()),
-                                    "pack_rows": packs.sizes[0], "pack_bytes": packs.pack_bytes,
+                    for v, ctx in variants.items():
+                        with ctx:
+                            got_p = torch.softmax(one_pass()[0].double(), -1)
+                        row.update({f"{v}_ms": spread(variant_ms[v]),
+                                    f"{v}_vs_limit": spread([m / limit_ms for m in variant_ms[v]]),
+                                    f"{v}_vs_plain": spread(ratios_of(variant_ms[v], ms)),
+                                    f"{v}_abs_prob_diff": float((got_p - plain_p).abs().max())})
+                    if "packed" in variants:
+                        packs = variants["packed"]
+                        row.update({"pack_rows": packs.sizes[0], "pack_bytes": packs.pack_bytes,
                                     "pack_seconds": packs.pack_seconds})
                         packs.free()
                     rows.append(row)
             per_threads.append({"threads": int(t), "read_GBps": spread(bw), "gemm_GFLOPs": spread(peak), "passes": rows})
     finally:
         torch.set_num_threads(threads_before)
-    # the cached pass's law against a fresh full forward pass over the same tokens
+    # the cached pass's law against a fresh full forward pass over the same tokens (and, with panels, both
+    # float32 passes against a float64 one: how far float32 rounding alone moves p)
     with torch.inference_mode():
         s = target.new_session()
         s.prefill(tokens[:cfg.context])
         cached = torch.softmax(s.extend(torch.tensor([tokens[cfg.context:cfg.context + n_max]], device=dev))[0].double(), -1)
         full = torch.softmax(target.forward(torch.tensor([tokens[:cfg.context + n_max]]))[0, cfg.context:].double(), -1)
+        if panels is not None:
+            ids = torch.tensor([tokens[:cfg.context + n_max]])
+            with panels:
+                full_panels = torch.softmax(target.forward(ids)[0, cfg.context:].double(), -1)
+            panels.free()
+            model64 = copy.deepcopy(target.model).double()
+            full64 = torch.softmax(model64(ids.to(dev)).logits[0, cfg.context:].double(), -1)
+            del model64
     prob_diff = float((cached - full).abs().max())
     res = {"context": cfg.context, "weight_bytes": weight_bytes, "flops_per_token": flops_per_token,
            "per_threads": per_threads, "max_abs_prob_diff_cached_vs_full": prob_diff}
-    packed = bool(cfg.packed)
+    if panels is not None:
+        res["max_abs_prob_diff_plain_vs_float64"] = float((full - full64).abs().max())
+        res["max_abs_prob_diff_panels_vs_float64"] = float((full_panels - full64).abs().max())
+        res["panel_pack_bytes"], res["panel_pack_seconds"] = panels.pack_bytes, panels.pack_seconds
+    packed, paneled = bool(cfg.packed), panels is not None
     for entry in per_threads:
         print_table(f"target pass vs its limit, {entry['threads']} thread(s): read bandwidth"
                     f" {range_text(entry['read_GBps'])} GB/s, GEMM {range_text(entry['gemm_GFLOPs'])} GFLOP/s;"
                     f" {weight_bytes / 1e6:.0f} MB of linear weights, {flops_per_token / 1e9:.3g} GFLOP per token,"
-                    f" {cfg.context} cached tokens ({target.name})" + ("; packed = linears on MKL packs for the pack rows (n padded up to them)" if packed else ""),
+                    f" {cfg.context} cached tokens ({target.name})"
+                    + ("; packed = linears on MKL packs for the pack rows (n padded up to them)" if packed else "")
+                    + ("; panels = linears on 16-column weight panels (mdv.models.panels)" if paneled else ""),
                     ["n new tokens", "ms", "limit ms", "bound", "x limit"]
-                    + (["pack rows", "packed ms", "packed x limit", "packed / plain", "pack MB"] if packed else []),
+                    + (["pack rows", "packed ms", "packed x limit", "packed / plain", "pack MB"] if packed else [])
+                    + (["panels ms", "panels x limit", "panels / plain"] if paneled else []),
                     [[r["n"], range_text(r["ms"]), f"{r['limit_ms']:.3g}", r["bound"], range_text(r["vs_limit"])]
                      + ([r["pack_rows"], range_text(r["packed_ms"]), range_text(r["packed_vs_limit"]), range_text(r["packed_vs_plain"]),
                          f"{r['pack_bytes'] / 1e6:.0f}"] if packed else [])
+                     + ([range_text(r["panels_ms"]), range_text(r["panels_vs_limit"]), range_text(r["panels_vs_plain"])]
+                        if paneled else [])
                      for r in entry["passes"]])
     print(f"  cached pass vs a fresh full pass: max |p diff| = {prob_diff:.3g}", flush=True)
+    if paneled:
+        print(f"  full pass in float32 vs float64: max |p diff| = {res['max_abs_prob_diff_plain_vs_float64']:.3g} plain,"
+              f" {res['max_abs_prob_diff_panels_vs_float64']:.3g} on panels ({res['panel_pack_bytes'] / 1e6:.0f} MB of panels,"
+              f" packed in {res['panel_pack_seconds']:.2g} s)", flush=True)
     goals = [goal_record(f"{e['threads']} thread(s), n={r['n']}: pass <= {cfg.goal_ratio:g}x its limit",
                          r["vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
     goals.append(goal_record("cached pass p equal to a fresh full pass (max abs difference)", prob_diff, cfg.goal_prob_diff))
-    if packed:
-        goals += [goal_record(f"{e['threads']} thread(s), n={r['n']}: packed pass <= {cfg.goal_ratio:g}x its limit",
-                              r["packed_vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
-        res["max_abs_prob_diff_packed_vs_plain"] = max(r["packed_abs_prob_diff"] for e in per_threads for r in e["passes"])
-        goals.append(goal_record("packed pass p equal to the plain pass (max abs difference)",
-                                 res["max_abs_prob_diff_packed_vs_plain"], cfg.goal_prob_diff))
+    for v in (["packed"] if packed else []) + (["panels"] if paneled else []):
+        goals += [goal_record(f"{e['threads']} thread(s), n={r['n']}: {v} pass <= {cfg.goal_ratio:g}x its limit",
+                              r[f"{v}_vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
+        res[f"max_abs_prob_diff_{v}_vs_plain"] = max(r[f"{v}_abs_prob_diff"] for e in per_threads for r in e["passes"])
+        goals.append(goal_record(f"{v} pass p equal to the plain pass (max abs difference)",
+                                 res[f"max_abs_prob_diff_{v}_vs_plain"], cfg.goal_prob_diff))
     print_goals(goals)
     return bench_record("pass_limit", cfg, str(dev), str(target.dtype).removeprefix("torch."), res,
                         {"target": target.name}, goals, wall_seconds=time.perf_counter() - t_start)
