@@ -349,9 +349,19 @@ def test_e2e_panel_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypa
     from mdv.models import panels as panels_mod
 
     rows_seen: list[int] = []  # the rows of every product that really ran on the panels
+    packs_used: set[int] = set()  # and the panels it ran on
     real = panels_mod.panel_linear
-    monkeypatch.setattr(panels_mod, "panel_linear",
-                        lambda x, p, b, n: rows_seen.append(x.reshape(-1, x.shape[-1]).shape[0]) or real(x, p, b, n))
+
+    def counting(x, p, b, n):
+        rows_seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+        packs_used.add(p.data_ptr())
+        return real(x, p, b, n)
+
+    monkeypatch.setattr(panels_mod, "panel_linear", counting)
+    built: list = []
+    real_init = panels_mod.PanelPacks.__init__
+    monkeypatch.setattr(panels_mod.PanelPacks, "__init__", lambda self, model: real_init(self, model) or built.append(
+        (model, {pk[0].data_ptr() for _, pk in self._packs})))
     cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=6, temperatures=[0.0],
                    methods=["sd", "spectr"], K=[1, 3], L=[2], goal_temperature=0.0, panels=True)
     rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
@@ -368,8 +378,11 @@ def test_e2e_panel_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypa
             assert r["block_efficiency"] == rows[(m, K, L, "plain")]["block_efficiency"]
         else:
             assert "panels_speed_vs_plain" not in r
+    # the target's and the draft's linears both ran on their panels
+    assert [m for m, _ in built] == [tiny_pair[0].model, tiny_pair[1].model]
+    assert all(ptrs & packs_used for _, ptrs in built)
     assert {1, 3} <= set(rows_seen), sorted(set(rows_seen))  # AR steps; L + 1 rows (at T = 0 the K drafts are one path)
-    assert not any("forward" in m.__dict__ for m in tiny_pair[0].model.modules())  # panels removed and freed
+    assert not any("forward" in m.__dict__ for p in tiny_pair[:2] for m in p.model.modules())  # panels removed, freed
     text = "\n".join(section_e2e(load_record(tmp_path / "bench_e2e.json")))
     assert "| sd panels |" in text and "| ar panels |" in text, text
 

@@ -146,6 +146,28 @@ def test_a_tied_weight_is_packed_once() -> None:
     assert pp.weight_bytes == (64 * 32 + 32 * 32) * 4 == pp.pack_bytes  # N = 64 and 32: whole panels, no padding
 
 
+def test_a_subset_head_runs_its_projection_on_panels(kernel_calls: list[int]) -> None:
+    from mdv.models.default_pair import SubsetHead
+
+    gen = torch.Generator().manual_seed(11)
+    full = torch.randn(100, 32, generator=gen)
+    ids = [0, 3, 4, 17, 50, 51, 52, 99, 7 + 80]
+    ids = sorted(set(ids))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), SubsetHead(full, ids))
+    x = torch.randn(2, 5, 32, generator=gen)
+    with torch.inference_mode():
+        plain = model(x)
+        pp = PanelPacks(model)
+        assert pp.linears == 2 and pp.weight_bytes == (32 * 32 + len(ids) * 32) * 4
+        with pp:
+            got = model(x)
+        assert "project" not in model[1].__dict__
+    assert kernel_calls == [10, 10]  # the linear and the head's projection, 2 x 5 rows each
+    finite = torch.isfinite(plain)
+    assert torch.equal(finite, torch.isfinite(got)) and int(finite[0, 0].sum()) == len(ids)  # -inf off the subset
+    torch.testing.assert_close(got[finite], plain[finite], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("method,K,target_pass", [("sd", 1, "rows"), ("bv", 1, "rows"), ("spectr", 3, "tree"),
                                                    ("mdbv", 2, "rows")])
 def test_panel_target_keeps_t0_equal_to_ar_greedy(tiny_pair, method: str, K: int, target_pass: str) -> None:

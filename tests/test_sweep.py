@@ -270,6 +270,50 @@ def test_same_config_gives_same_tokens(finished: Path, tmp_path: Path) -> None:
         assert [g["text"] for g in a["generations"]] == [g["text"] for g in b["generations"]]
 
 
+def _panels_ok() -> bool:
+    from mdv.models.panels import panel_kernel_status
+
+    return panel_kernel_status()[0]
+
+
+@pytest.mark.skipif(not _panels_ok(), reason="the panel kernel needs AVX2, FMA and a C compiler")
+def test_a_sweep_on_panel_linears_has_its_own_cells_and_the_same_greedy_tokens(finished: Path, tmp_path: Path) -> None:
+    from mdv.sweep.config import LinearsKind
+    from mdv.sweep.model_sets import load_models
+
+    over = {"dataset.names": ["gsm8k"], "sampling.temperatures": [0.0], "models.linears": LinearsKind.panels}
+    cfg = tiny_config(tmp_path, **over)
+    plain_ids = {c.cell_id for c in expand_grid(tiny_config(tmp_path, **{**over, "models.linears": LinearsKind.plain}))}
+    ids = {c.cell_id for c in expand_grid(cfg)}
+    assert ids.isdisjoint(plain_ids)  # a resumed sweep never pairs a plain AR time with a panel cell's
+    sweep.reset_model_cache()
+    try:
+        report = run(cfg)
+        assert len(report.ok) == 3 and not report.failed
+        pair = load_models(cfg.models)  # the loaded pair (cached): its linears on panels
+        linears = [m for lm in (pair.target, pair.draft) for m in lm.model.modules() if type(m) is torch.nn.Linear]
+        assert linears and all("forward" in m.__dict__ for m in linears)
+    finally:
+        sweep.reset_model_cache()
+    assert not any("forward" in m.__dict__ for m in linears)  # reset_model_cache leaves the panels
+    plain = run(tiny_config(tmp_path / "plain", **{**over, "models.linears": LinearsKind.plain}))
+    assert len(plain.ok) == 3
+    for path in (tmp_path / "cells").glob("*.json"):
+        rec = read_cell(path)
+        assert rec is not None and rec["config"]["models"] == "tiny_random-s0+panels"
+        twin = [read_cell(p) for p in (tmp_path / "plain" / "cells").glob(path.name.split("__s0__")[0] + "__*.json")]
+        assert len(twin) == 1
+        assert [g["text"] for g in rec["generations"]] == [g["text"] for g in twin[0]["generations"]]  # T = 0
+
+
+def test_panel_linears_on_bfloat16_fail_before_any_work(tmp_path: Path) -> None:
+    from mdv.sweep.config import LinearsKind
+
+    with pytest.raises(InvalidInputError, match="models.linears=panels runs float32 models on the CPU"):
+        run(tiny_config(tmp_path / "r", **{"models.linears": LinearsKind.panels, "models.dtype": "bfloat16"}))
+    assert not (tmp_path / "r").exists()
+
+
 # ------------------------------------------------------------------------------- resume
 def test_resume_after_interruption_recomputes_nothing_and_loses_nothing(tmp_path: Path, monkeypatch) -> None:
     cfg = tiny_config(tmp_path)

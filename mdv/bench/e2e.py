@@ -10,9 +10,9 @@ so both sides of every ratio run the same target code.  A cell's packs serve its
 when needed, outside the timed generation.  Drafters that run the target's own modules (``layerskip``'s
 layers, ``eagle``'s head) run them on the packs too, their K-row steps padded up to the cell's size.
 
-With ``panels: true`` every cell also runs with the target's linears on 16-column weight panels
-(:mod:`mdv.models.panels`; one pack, as many bytes as the weights, serves every pass), speedup over AR on
-panels.  The draft model's own linears stay plain in every variant, so the ratios isolate the target code.
+With ``panels: true`` every cell also runs with the target's and the draft model's linears on 16-column
+weight panels (:mod:`mdv.models.panels`; one pack each, as many bytes as the weights, serves every pass),
+speedup over AR on panels (AR runs the same target code; the draft model's subset head is on panels too).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import math
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from typing import Any, Callable, Optional, Sequence
 
 from mdv.bench.config import E2EBench, TinyPair
@@ -89,6 +89,29 @@ class PackCache:
         self._packs.clear()
 
 
+class PacksTogether:
+    """Several packs entered and left together (``with obj:``); ``free()`` frees them all."""
+
+    def __init__(self, *packs: Any):
+        self.packs = packs
+        self._stack: ExitStack | None = None
+
+    def __enter__(self) -> "PacksTogether":
+        self._stack = ExitStack()
+        for p in self.packs:
+            self._stack.enter_context(p)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    def free(self) -> None:
+        for p in self.packs:
+            p.free()
+
+
 def _linears_note(row: dict[str, Any]) -> str:
     return "" if row.get("linears", "plain") == "plain" else f", {row['linears']}"
 
@@ -133,12 +156,11 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
 
     tree = tree_capable(target.new_session())
     packs = PackCache(target.model, cfg.pack_cache) if cfg.packed else None
-    if cfg.panels:
+    panels: Any = None
+    if cfg.panels:  # one pack of the target and one of the draft serve every cell (the kernel compiles, or fails, here)
         from mdv.models.panels import PanelPacks
 
-        panels = PanelPacks(target.model)  # one pack serves every cell (compiles the kernel, or fails, here)
-    else:
-        panels = None
+        panels = PacksTogether(PanelPacks(target.model), PanelPacks(draft.model))
     bar = tqdm(total=len(cfg.temperatures) * len(prompts) * len(cells), desc="e2e generations", unit="gen",
                dynamic_ncols=True, file=sys.stderr)
     try:
@@ -206,7 +228,7 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
                 f" {cfg.max_new_tokens} new tokens from {label}; decode speedup = AR decode s / method decode s per"
                 " prompt, median [min, max]" + ("; packed rows: linears on MKL packs for that many rows, speedup vs packed AR"
                                               if packed_col else "")
-                + ("; linears = panels: the target's linears on weight panels (mdv.models.panels), speedup vs AR on panels"
+                + ("; linears = panels: the target's and draft's linears on weight panels (mdv.models.panels), speedup vs AR on panels"
                    if panels_col else ""),
                 ["T", "method", "drafter", "K", "L"] + (["linears"] if panels_col else [])
                 + (["packed rows"] if packed_col else [])

@@ -67,12 +67,19 @@ class SubsetHead(torch.nn.Module):
         self.register_buffer("ids", idx.clone())
         self.rows = torch.nn.Parameter(weight.detach()[idx].clone(), requires_grad=False)
 
+    #: mdv.models.panels runs ``project`` on panels of this weight (PanelPacks of the draft)
+    panel_weight = "rows"
+
     @property
     def subset_size(self) -> int:
         return int(self.ids.numel())
 
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The subset logits ``hidden · rowsᵀ`` [..., subset_size]."""
+        return torch.nn.functional.linear(hidden, self.rows)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        sub = torch.nn.functional.linear(hidden, self.rows)
+        sub = self.project(hidden)
         out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
         return out.index_copy_(-1, self.ids, sub)
 

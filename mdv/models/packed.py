@@ -123,7 +123,7 @@ class LinearForwards:
     own ``forward`` (an instance attribute, removed on exit), ``free()`` drops what was prepared.
 
     Subclasses fill ``self._packs`` with (layer, what was prepared for it) and define ``_install`` (set the
-    layer's ``forward`` and the attributes named in ``_attrs``)."""
+    layer's method named by ``_method`` -- ``forward`` unless overridden -- and the attributes in ``_attrs``)."""
 
     _attrs: tuple[str, ...] = ()
 
@@ -134,14 +134,18 @@ class LinearForwards:
     def _install(self, m: torch.nn.Linear, pack: Any) -> None:
         raise NotImplementedError
 
+    def _method(self, m: torch.nn.Module) -> str:
+        """The name of the method of ``m`` that the block replaces."""
+        return "forward"
+
     def __enter__(self) -> "LinearForwards":
         if self._active:
             raise InvalidInputError(f"these {type(self).__name__} are already in use (their blocks do not nest)")
         if not self._packs:
             raise InvalidInputError(f"these packs were freed; build new {type(self).__name__}")
         for m, _ in self._packs:
-            if "forward" in m.__dict__:
-                raise InvalidInputError(f"a linear of this model already has its own forward ({type(m).__name__});"
+            if self._method(m) in m.__dict__:
+                raise InvalidInputError(f"a linear of this model already has its own {self._method(m)} ({type(m).__name__});"
                                         " another LinearPacks or PanelPacks block is open on it")
         for m, pack in self._packs:
             self._install(m, pack)
@@ -150,7 +154,7 @@ class LinearForwards:
 
     def __exit__(self, *exc: Any) -> None:
         for m, _ in self._packs:
-            for attr in ("forward", *self._attrs):
+            for attr in (self._method(m), *self._attrs):
                 m.__dict__.pop(attr, None)
         self._active = False
 

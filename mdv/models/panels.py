@@ -152,50 +152,76 @@ def _version_of(t: Tensor) -> int | None:
         return None
 
 
-def _panel_forward(self: torch.nn.Linear, x: Tensor) -> Tensor:
-    if self._mdv_panel_version is not None and _version_of(self.weight) != self._mdv_panel_version:
+def panel_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """The layers of ``model`` PanelPacks runs on panels, with the name of each one's weight: every
+    ``nn.Linear`` (``weight``), and every module whose class names a weight in ``panel_weight`` and computes
+    ``F.linear(x, that weight)`` in its method ``project`` (the draft's vocabulary-subset head)."""
+    out: list[tuple[torch.nn.Module, str]] = []
+    for m in model.modules():
+        if type(m) is torch.nn.Linear:
+            out.append((m, "weight"))
+        elif isinstance(getattr(type(m), "panel_weight", None), str) and callable(getattr(m, "project", None)):
+            out.append((m, type(m).panel_weight))
+    return out
+
+
+def _panel_product(self: torch.nn.Module, x: Tensor) -> Tensor:
+    """The replaced ``forward`` of an nn.Linear / ``project`` of a subset head: x · Wᵀ (+ b) on the panels."""
+    weight = getattr(self, self._mdv_panel_weight)
+    bias = getattr(self, "bias", None) if self._mdv_panel_weight == "weight" else None
+    if self._mdv_panel_version is not None and _version_of(weight) != self._mdv_panel_version:
         raise InvalidInputError("a packed linear's weight changed after packing (in-place update): its panels are"
                                 " stale; leave the PanelPacks block and build new PanelPacks")
     if (x.dtype != torch.float32 or x.device.type != "cpu"
-            or torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-        return F.linear(x, self.weight, self.bias)
-    return panel_linear(x, self._mdv_panels, self._mdv_panel_bias, self.out_features)
+            or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return F.linear(x, weight, bias)
+    return panel_linear(x, self._mdv_panels, self._mdv_panel_bias, weight.shape[0])
 
 
 class PanelPacks(LinearForwards):
-    """Every ``nn.Linear`` of ``model`` on panel-packed weights; ``with panels:`` runs the model's linears on
-    them (module docstring).  A weight shared by several layers (a tied head) is packed once.
+    """Every ``nn.Linear`` of ``model`` (and subset head, :func:`panel_layers`) on panel-packed weights;
+    ``with panels:`` runs the model's linears on them (module docstring).  A weight shared by several layers
+    (a tied head) is packed once.
 
     Attributes: ``linears`` (how many layers), ``pack_bytes`` (the memory the panels hold), ``weight_bytes``
     (the distinct packed weights), ``pack_seconds``."""
 
-    _attrs = ("_mdv_panels", "_mdv_panel_bias", "_mdv_panel_version")
+    _attrs = ("_mdv_panels", "_mdv_panel_bias", "_mdv_panel_version", "_mdv_panel_weight")
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
-        mods = check_packable(model)
+        check_packable(model)  # float32 on the CPU, at least one nn.Linear
+        layers = panel_layers(model)
+        bad = sorted({(str(getattr(m, a).dtype), getattr(m, a).device.type) for m, a in layers} - {("torch.float32", "cpu")})
+        if bad:
+            raise InvalidInputError(f"packed linears are for float32 models on the CPU; this model's subset head is"
+                                    f" {bad}: load it in float32 on the CPU")
         load_panel_kernel()  # compile (or fail) now, not in the middle of a pass
         t0 = time.perf_counter()
         by_weight: dict[int, Tensor] = {}
         with torch.no_grad():
-            for m in mods:
-                panels = by_weight.get(id(m.weight))
+            for m, attr in layers:
+                weight = getattr(m, attr)
+                panels = by_weight.get(id(weight))
                 if panels is None:
-                    panels = by_weight[id(m.weight)] = pack_panels(m.weight)
+                    panels = by_weight[id(weight)] = pack_panels(weight)
                 bias = None
-                if m.bias is not None:
+                if attr == "weight" and m.bias is not None:
                     bias = torch.zeros(panels.shape[0] * PANEL)
-                    bias[:m.out_features] = m.bias.detach()
-                self._packs.append((m, (panels, bias, _version_of(m.weight))))
+                    bias[:weight.shape[0]] = m.bias.detach()
+                self._packs.append((m, (panels, bias, _version_of(weight), attr)))
         self.pack_seconds = time.perf_counter() - t0
-        self.linears = len(mods)
-        distinct = {id(m.weight): m.weight for m in mods}
+        self.linears = len(layers)
+        distinct = {id(getattr(m, a)): getattr(m, a) for m, a in layers}
         self.weight_bytes = sum(w.numel() * w.element_size() for w in distinct.values())
         self.pack_bytes = sum(p.numel() * p.element_size() for p in by_weight.values())
 
-    def _install(self, m: torch.nn.Linear, pack: Any) -> None:
-        m._mdv_panels, m._mdv_panel_bias, m._mdv_panel_version = pack
-        m.forward = types.MethodType(_panel_forward, m)
+    def _method(self, m: torch.nn.Module) -> str:
+        return "forward" if type(m) is torch.nn.Linear else "project"
+
+    def _install(self, m: torch.nn.Module, pack: Any) -> None:
+        m._mdv_panels, m._mdv_panel_bias, m._mdv_panel_version, m._mdv_panel_weight = pack
+        setattr(m, self._method(m), types.MethodType(_panel_product, m))
 
     def __repr__(self) -> str:
         return (f"PanelPacks(linears={self.linears}, pack_bytes={self.pack_bytes / 1e6:.3g} MB"

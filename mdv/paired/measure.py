@@ -235,7 +235,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     :class:`~mdv.errors.MdvError` before any work.  ``tracker`` (:mod:`mdv.tracking`): every record is logged
     (``log_paired``), then the report of the folder (verdicts, plots) with ``finish_paired``."""
     # mdv.sweep's schema holds a PairedConfig: imported here, not at the top, to keep the import acyclic
-    from mdv.sweep.config import enum_value, validate
+    from mdv.sweep.config import enum_value, models_label, validate
     from mdv.sweep.grid import prompt_seed
     from mdv.sweep.model_sets import check_models_available, load_models
     from mdv.sweep.prompts import format_dataset_prompts, import_callable, load_prompt_set, prompt_id
@@ -253,7 +253,7 @@ def run_paired(run_cfg: Any, *, tracker: Any = None, loader: Callable[..., Any] 
     out = check_writable_dir(paired_dir(run_cfg.results_dir), "results_dir/paired")
     remove_stale_temp_files(out)
     remove_stale_locks(out)
-    models_name = str(run_cfg.models.name)
+    models_name = models_label(run_cfg.models)
     datasets = list(cfg.datasets) if cfg.datasets is not None else [enum_value(d) for d in run_cfg.dataset.names]
     n = cfg.n_prompts or run_cfg.dataset.n_prompts
     if cfg.speed_check.enabled and cfg.speed_check.n_prompts > n:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from mdv.paired.config import SpeedCheckConfig
+from mdv.sweep.config import models_label
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ def _settings_of(run_cfg: Any, datasets: Sequence[str]) -> dict[str, Any]:
     return check_settings(cfg, datasets=names, n_tokens=int(cfg.n_tokens or run_cfg.paired.n_tokens),
                           temperature=float(run_cfg.sampling.temperatures[0]),
                           top_k=run_cfg.sampling.top_k, top_p=run_cfg.sampling.top_p,
-                          seed=int(run_cfg.sweep.seeds[0]), models=str(run_cfg.models.name),
+                          seed=int(run_cfg.sweep.seeds[0]), models=models_label(run_cfg.models),
                           drafter=str(run_cfg.paired.drafter), drafter_options=dict(run_cfg.paired.drafter_options or {}))
 
 

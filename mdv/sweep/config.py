@@ -76,6 +76,13 @@ class DatasetName(str, Enum):
     alpaca = "alpaca"
 
 
+class LinearsKind(str, Enum):
+    """What runs the target's linear layers."""
+
+    plain = "plain"    # torch's own nn.Linear (its sgemm)
+    panels = "panels"  # weight panels and mdv's kernel (mdv.models.panels): float32 on an AVX2 CPU, ~2x faster passes
+
+
 class ModelKind(str, Enum):
     """How the target/draft pair is obtained."""
 
@@ -167,7 +174,8 @@ class ModelsGroup:
     name: the short identity recorded as ``config.models`` in every cell (AR baselines pair with
     methods on it).  target / draft: asset names (``assets``), hub ids, local folders or .gguf paths
     (``hub``).  device: null = CUDA when available, else CPU.  The ``tiny_random`` fields build the
-    tiny pair (deterministic from ``seed``).
+    tiny pair (deterministic from ``seed``).  linears: ``panels`` runs the pair's linears on weight panels
+    (:mod:`mdv.models.panels`) for the whole process: the same law up to float32 rounding, faster passes.
     """
 
     kind: ModelKind = ModelKind.default
@@ -182,6 +190,7 @@ class ModelsGroup:
     num_layers: int = 2
     logit_scale: float = 30.0
     draft_noise: float = 0.3
+    linears: LinearsKind = LinearsKind.plain
 
 
 @dataclass
@@ -282,12 +291,28 @@ def validate(cfg: RunConfig) -> None:
         raise InvalidInputError(f"dataset.source must be one of {', '.join(DATA_SOURCES)}; got {cfg.dataset.source!r}")
     if cfg.models.dtype not in DTYPES:
         raise InvalidInputError(f"models.dtype must be one of {', '.join(DTYPES)}; got {cfg.models.dtype!r}")
+    if LinearsKind(enum_value(cfg.models.linears)) == LinearsKind.panels:
+        if cfg.models.dtype != "float32" or (cfg.models.device or "cpu") != "cpu":
+            raise InvalidInputError(f"models.linears=panels runs float32 models on the CPU; got dtype={cfg.models.dtype},"
+                                    f" device={cfg.models.device}: set models.dtype=float32 models.device=cpu, or"
+                                    " models.linears=plain")
+        from mdv.models.panels import panel_kernel_status
+
+        ok, why = panel_kernel_status()
+        if not ok:
+            raise InvalidInputError(f"models.linears=panels: {why} (models.linears=plain)")
     if cfg.threads is not None and (not _is_int(cfg.threads) or cfg.threads < 1):
         raise InvalidInputError(f"threads must be null or an integer >= 1; got {cfg.threads}")
     kind = ModelKind(enum_value(cfg.models.kind))
     if kind in (ModelKind.assets, ModelKind.hub) and (not cfg.models.target or not cfg.models.draft):
         raise InvalidInputError(f"models.kind={kind.value} needs models.target and models.draft"
                                 f" (got target={cfg.models.target!r}, draft={cfg.models.draft!r})")
+
+
+def models_label(m: ModelsGroup) -> str:
+    """The pair's identity in cell ids and records: ``models.name``, with ``+panels`` when the target's linears
+    run on weight panels (so a resumed sweep never pairs a plain AR cell's time with a panel cell's)."""
+    return f"{m.name}+panels" if LinearsKind(enum_value(m.linears)) == LinearsKind.panels else str(m.name)
 
 
 def drafter_options(cfg: RunConfig, name: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from mdv.drafters.base import method_label
-from mdv.sweep.config import RunConfig, enum_value
+from mdv.sweep.config import RunConfig, enum_value, models_label
 
 #: Prompts at the head of each cell that only warm the timing up (analysis excludes them from speedups).
 WARMUP_PROMPTS = 1
@@ -119,7 +119,7 @@ def expand_grid(cfg: RunConfig) -> list[Cell]:
                     for K, L, d in shapes:
                         cell = Cell(dataset=enum_value(dataset), method=method, K=K, L=L, temperature=float(T),
                                     top_k=s.top_k, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
-                                    seed=int(seed), n_prompts=cfg.dataset.n_prompts, models=cfg.models.name,
+                                    seed=int(seed), n_prompts=cfg.dataset.n_prompts, models=models_label(cfg.models),
                                     dataset_source=cfg.dataset.source, drafter=d,
                                     drafter_options=tuple(sorted(drafter_options(cfg, d).items())))
                         if cell.cell_id not in seen:

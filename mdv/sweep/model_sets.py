@@ -3,7 +3,9 @@
 Model sets (``models.kind``): ``default`` (the embedded SmolLM2-135M-Instruct target + mdv's trained
 draft, :mod:`mdv.models.default_pair`), ``tiny_random`` (the tiny random Llama pair of tests and CI,
 :mod:`mdv.models.tiny_random`), ``assets`` (a GGUF pair from :mod:`mdv.assets`, e.g. the optional
-Qwen2.5-Coder 1.5B/0.5B) and ``hub`` (hub ids or local folders, for users with the hub).
+Qwen2.5-Coder 1.5B/0.5B) and ``hub`` (hub ids or local folders, for users with the hub).  With
+``models.linears=panels`` the target's and the draft's linears run on weight panels (:mod:`mdv.models.panels`) while the
+pair is loaded.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mdv.errors import MissingAssetError
-from mdv.sweep.config import ModelKind, ModelsGroup, enum_value
+from mdv.sweep.config import LinearsKind, ModelKind, ModelsGroup, enum_value
 from mdv.models.tiny_random import build_tiny_random_pair
 
 
@@ -28,6 +30,8 @@ class LoadedModels:
     draft_name: str
     dtype: str
     device: str
+    #: the target's and the draft's PanelPacks, entered for the process's life (models.linears=panels)
+    panels: list[Any] = dataclasses.field(default_factory=list)
 
 
 _MODELS: dict[str, LoadedModels] = {}
@@ -90,11 +94,21 @@ def load_models(m: ModelsGroup) -> LoadedModels:
         draft = HFModel.from_pretrained(dpath, dtype=dtype, device=device, load_tokenizer=False)
         target.name, draft.name = str(m.target), str(m.draft)
         tok = target.tokenizer
-    loaded = LoadedModels(target, draft, tok, str(target.name), str(draft.name), m.dtype, str(device))
+    panels = []
+    if LinearsKind(enum_value(m.linears)) == LinearsKind.panels:
+        from mdv.models.panels import PanelPacks
+
+        for model in (target, draft):  # left by reset_model_cache
+            panels.append(PanelPacks(model.model).__enter__())
+            model.name = f"{model.name} [linears on weight panels]"
+    loaded = LoadedModels(target, draft, tok, str(target.name), str(draft.name), m.dtype, str(device), panels)
     _MODELS[key] = loaded
     return loaded
 
 
 def reset_model_cache() -> None:
     """Forget the models loaded by :func:`load_models` (tests; freeing memory between sweeps)."""
+    for loaded in _MODELS.values():
+        for packs in loaded.panels:
+            packs.free()
     _MODELS.clear()
