@@ -557,6 +557,11 @@ CLI_CASES: dict[str, CliCase] = {
     "run/prompt-longer-than-context": CliCase("run", {**HUB, "models.target": "{tmp}/ctx16", "models.draft": "{tmp}/ctx16",
                                                       "dataset.formatter": f"{ME}:long_format"},
                                               r"prompt_ids has 40 tokens but the model context is 16 tokens"),
+    "run/panels-on-bfloat16": CliCase("run", {"models.linears": "panels", "models.dtype": "bfloat16"},
+                                      r"models.linears=panels runs float32 models on the CPU; got dtype=bfloat16, .*"
+                                      r" or models.linears=plain$"),
+    "run/unknown-linears": CliCase("run", {"models.linears": "fast"},
+                                   r"models.linears=fast; Invalid value 'fast', expected one of \[plain, panels\]"),
     # python -m experiments.theory
     "theory/unknown-method": CliCase("theory", {"methods": "[nope]"},
                                      r"unknown method\(s\) \['nope'\]; valid methods are: " + ALL_VERIFIERS),
@@ -577,6 +582,11 @@ CLI_CASES: dict[str, CliCase] = {
                                    r"dtype must be one of float32, bfloat16, float16, float64; got 'int8'"),
     "bench/unknown-dataset": CliCase("bench", {"benchmarks": "[e2e]", "e2e.pair": "tiny_random", "e2e.datasets": "[gsm9k]"},
                                      r"e2e.datasets: unknown dataset 'gsm9k'; valid datasets are: alpaca, gsm8k,"),
+    "bench/panels-without-a-compiler": CliCase("bench", {"benchmarks": "[pass_limit]", "pass_limit.pair": "tiny_random",
+                                                         "pass_limit.panels": "true"},
+                                               r"e2e.panels / pass_limit.panels: the panel kernel (needs an x86-64 CPU"
+                                               r" with AVX2|is compiled on first use, but no C compiler was found).*"
+                                               r" \(set them to false\)$", env={"CC": "mdv-no-such-compiler"}),
     # python -m experiments.train_draft (checked before the target loads and hours of generation start)
     "train_draft/unknown-distill-head": CliCase("train_draft", {"distill.head": "rows"},
                                                 r"distill.head must be one of subset, full; got 'rows'$"),

@@ -55,17 +55,18 @@ def _mdv(venv: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def test_the_wheel_ships_the_configs_and_the_draft(venv: Path, tmp_path: Path) -> None:
+def test_the_wheel_ships_the_configs_the_draft_and_the_kernel_source(venv: Path, tmp_path: Path) -> None:
     code = ("import json, mdv, pathlib; root = pathlib.Path(mdv.__file__).parent;"
             " print(json.dumps([str(root), (root / 'conf' / 'config.yaml').is_file(),"
             " (root / 'conf' / 'hydra' / 'launcher' / 'slurm.yaml').is_file(),"
-            " any((root / 'assets_data').glob('*.safetensors'))]))")
+            " any((root / 'assets_data').glob('*.safetensors')),"
+            " (root / 'models' / 'kernels' / 'panel_linear.c').is_file()]))")
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr
-    root, config, launcher, draft = json.loads(proc.stdout)
+    root, config, launcher, draft, kernel = json.loads(proc.stdout)
     assert Path(root).is_relative_to(venv) and not Path(root).is_relative_to(REPO)  # mdv from the wheel
-    assert config and launcher and draft
+    assert config and launcher and draft and kernel  # the panel kernel's C source compiles from the wheel too
 
 
 def test_mdv_help_and_an_unknown_command(venv: Path, tmp_path: Path) -> None:
