@@ -3,6 +3,8 @@ packed target keeps every lossless method's T = 0 output equal to AR greedy, the
 and bad input gets one clear error."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -69,7 +71,7 @@ def test_autograd_takes_the_reference(mkl_calls: list[int]) -> None:
     assert mkl_calls == [] and w.grad is not None
 
 
-def _extend_probs(model, tokens: list[int], n_new: int) -> torch.Tensor:
+def extend_probs(model, tokens: list[int], n_new: int) -> torch.Tensor:
     s = model.new_session()
     with torch.inference_mode():
         s.prefill(tokens[:-n_new])
@@ -86,11 +88,11 @@ def test_packed_target_pass_equals_the_plain_pass(tiny_pair, mkl_calls: list[int
     packs = LinearPacks(model, [1, 4, 9])
     assert packs.linears == len(linears) and packs.pack_bytes > 0 and packs.weight_bytes > 0
     for n_new in (1, 3, 4, 5, 9, 12):
-        plain = _extend_probs(target, tokens, n_new)
+        plain = extend_probs(target, tokens, n_new)
         mkl_calls.clear()
         with packs:
             assert all("forward" in m.__dict__ for m in linears)
-            got = _extend_probs(target, tokens, n_new)
+            got = extend_probs(target, tokens, n_new)
         assert (got - plain).abs().max() < 1e-6
         # prefill of 20 - n_new >= 8 tokens: packed only when it fits the ladder; the new tokens always are
         assert (padded_size(n_new, packs.sizes) in mkl_calls) == (n_new <= 9)
@@ -101,19 +103,28 @@ def test_packed_target_pass_equals_the_plain_pass(tiny_pair, mkl_calls: list[int
         packs.__enter__()
 
 
-@pytest.mark.parametrize("method,K,target_pass", [("sd", 1, "rows"), ("bv", 1, "rows"), ("spectr", 3, "tree"),
-                                                   ("mdbv", 2, "rows")])
-def test_packed_target_keeps_t0_equal_to_ar_greedy(tiny_pair, method: str, K: int, target_pass: str) -> None:
+#: (method, K, target pass) of the T = 0 losslessness tests of packed and panel linears
+LOSSLESS_CASES = [("sd", 1, "rows"), ("bv", 1, "rows"), ("spectr", 3, "tree"), ("mdbv", 2, "rows")]
+
+
+def assert_t0_equals_ar_greedy(pair, method: str, K: int, L: int, target_pass: str, linears: Any) -> None:
+    """``method`` at T = 0 with the target's linears inside ``linears`` (a with-block) emits AR greedy's tokens."""
     from mdv.engine import generate
 
-    target, draft, _ = tiny_pair
+    target, draft, _ = pair
     prompt = [1, 5, 9, 13]
     ar = generate(target, None, prompt, "ar", temperature=0.0, max_new_tokens=24, eos_token_id=[]).tokens
-    L = 4
-    with LinearPacks(target.model, [1, L + 1, K * L + 1, K * (L + 1)]):
+    with linears:
         got = generate(target, draft, prompt, method, K=K, L=L, temperature=0.0, max_new_tokens=24, eos_token_id=[],
                        target_pass=target_pass).tokens
     assert got == ar
+
+
+@pytest.mark.parametrize("method,K,target_pass", LOSSLESS_CASES)
+def test_packed_target_keeps_t0_equal_to_ar_greedy(tiny_pair, method: str, K: int, target_pass: str) -> None:
+    L = 4
+    assert_t0_equals_ar_greedy(tiny_pair, method, K, L, target_pass,
+                               LinearPacks(tiny_pair[0].model, [1, L + 1, K * L + 1, K * (L + 1)]))
 
 
 def test_bad_input_gets_one_clear_error(tiny_pair) -> None:

@@ -13,16 +13,12 @@ import torch.nn.functional as F
 
 from mdv.errors import InvalidInputError
 from mdv.models import panels
+from mdv.models.packed import PacksTogether
 from mdv.models.panels import PANEL, PanelPacks, pack_panels, panel_kernel_status, panel_linear
 
+from tests.test_packed_linears import LOSSLESS_CASES, assert_t0_equals_ar_greedy, extend_probs, tiny_pair  # noqa: F401
+
 pytestmark = pytest.mark.skipif(not panel_kernel_status()[0], reason=panel_kernel_status()[1] or "available")
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    from mdv.models.tiny_random import build_tiny_random_pair
-
-    return build_tiny_random_pair(vocab_size=96, seed=3, hidden_size=48, num_layers=2)
 
 
 @pytest.fixture()
@@ -105,13 +101,6 @@ def test_one_and_two_threads_give_the_same_bits() -> None:
     assert torch.equal(one, two)
 
 
-def _extend_probs(model, tokens: list[int], n_new: int) -> torch.Tensor:
-    s = model.new_session()
-    with torch.inference_mode():
-        s.prefill(tokens[:-n_new])
-        return torch.softmax(s.extend(torch.tensor([tokens[-n_new:]]))[0].double(), -1)  # [n_new, V]
-
-
 def test_panel_target_pass_equals_the_plain_pass(tiny_pair, kernel_calls: list[int]) -> None:
     target = tiny_pair[0]
     model = target.model
@@ -122,11 +111,11 @@ def test_panel_target_pass_equals_the_plain_pass(tiny_pair, kernel_calls: list[i
     pp = PanelPacks(model)
     assert pp.linears == len(linears) and pp.pack_bytes >= pp.weight_bytes > 0
     for n_new in (1, 3, 5, 6, 7, 9, 12):
-        plain = _extend_probs(target, tokens, n_new)
+        plain = extend_probs(target, tokens, n_new)
         kernel_calls.clear()
         with pp:
             assert all("forward" in m.__dict__ for m in linears)
-            got = _extend_probs(target, tokens, n_new)
+            got = extend_probs(target, tokens, n_new)
         assert (got - plain).abs().max() < 1e-6
         assert len(kernel_calls) == 2 * len(linears) and kernel_calls[-1] == n_new  # every linear of prefill and pass
         assert all("forward" not in m.__dict__ and not hasattr(m, "_mdv_panels") for m in linears)
@@ -168,18 +157,11 @@ def test_a_subset_head_runs_its_projection_on_panels(kernel_calls: list[int]) ->
     torch.testing.assert_close(got[finite], plain[finite], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method,K,target_pass", [("sd", 1, "rows"), ("bv", 1, "rows"), ("spectr", 3, "tree"),
-                                                   ("mdbv", 2, "rows")])
-def test_panel_target_keeps_t0_equal_to_ar_greedy(tiny_pair, method: str, K: int, target_pass: str) -> None:
-    from mdv.engine import generate
-
-    target, draft, _ = tiny_pair
-    prompt = [1, 5, 9, 13]
-    ar = generate(target, None, prompt, "ar", temperature=0.0, max_new_tokens=24, eos_token_id=[]).tokens
-    with PanelPacks(target.model):
-        got = generate(target, draft, prompt, method, K=K, L=4, temperature=0.0, max_new_tokens=24, eos_token_id=[],
-                       target_pass=target_pass).tokens
-    assert got == ar
+@pytest.mark.parametrize("method,K,target_pass", LOSSLESS_CASES)
+def test_panel_target_and_draft_keep_t0_equal_to_ar_greedy(tiny_pair, method: str, K: int, target_pass: str) -> None:
+    both = PacksTogether(PanelPacks(tiny_pair[0].model), PanelPacks(tiny_pair[1].model))
+    assert_t0_equals_ar_greedy(tiny_pair, method, K, 4, target_pass, both)
+    both.free()
 
 
 def test_autograd_and_other_dtypes_take_the_reference(kernel_calls: list[int]) -> None:

@@ -20,14 +20,14 @@ import math
 import statistics
 import sys
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from typing import Any, Callable, Optional, Sequence
 
 from mdv.bench.config import E2EBench, TinyPair
 from mdv.bench.pairs import pair_for, pair_identity, prompt_ids, torch_device
 from mdv.bench.records import bench_record, fmt_number, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, rotated, spread
-from mdv.models.packed import rung_for
+from mdv.models.packed import PacksTogether, rung_for
 
 
 
@@ -87,29 +87,6 @@ class PackCache:
         for packs in self._packs.values():
             packs.free()
         self._packs.clear()
-
-
-class PacksTogether:
-    """Several packs entered and left together (``with obj:``); ``free()`` frees them all."""
-
-    def __init__(self, *packs: Any):
-        self.packs = packs
-        self._stack: ExitStack | None = None
-
-    def __enter__(self) -> "PacksTogether":
-        self._stack = ExitStack()
-        for p in self.packs:
-            self._stack.enter_context(p)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
-
-    def free(self) -> None:
-        for p in self.packs:
-            p.free()
 
 
 def _linears_note(row: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import time
 import types
+from contextlib import ExitStack
 from typing import Any, Sequence
 
 import torch
@@ -195,3 +196,26 @@ class LinearPacks(LinearForwards):
     def __repr__(self) -> str:
         return (f"LinearPacks(sizes={list(self.sizes)}, linears={self.linears}, pack_bytes={self.pack_bytes / 1e6:.3g} MB"
                 f" for {self.weight_bytes / 1e6:.3g} MB of weights)")
+
+
+class PacksTogether:
+    """Several packs entered and left together (``with obj:``); ``free()`` frees them all."""
+
+    def __init__(self, *packs: Any):
+        self.packs = packs
+        self._stack: ExitStack | None = None
+
+    def __enter__(self) -> "PacksTogether":
+        self._stack = ExitStack()
+        for p in self.packs:
+            self._stack.enter_context(p)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    def free(self) -> None:
+        for p in self.packs:
+            p.free()
