@@ -22,7 +22,7 @@ whether this machine has them, and :class:`PanelPacks` fails with that reason ot
 
 Use (float32 CPU models only)::
 
-    panels = PanelPacks(model)   # packs every nn.Linear once (~0.5 s on 538 MB)
+    panels = PanelPacks(model)   # packs every nn.Linear once (~1 s on 538 MB)
     with panels:                 # the model's linears run on the panels inside
         ...
     panels.free()
