@@ -175,6 +175,17 @@ def test_autograd_and_other_dtypes_take_the_reference(kernel_calls: list[int]) -
         assert kernel_calls == [4]
 
 
+def test_panels_need_no_mkl(tiny_pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mdv.models import packed
+
+    monkeypatch.setattr(packed, "mkl_packing_available", lambda: False)  # a torch build without MKL
+    with pytest.raises(InvalidInputError, match="need a torch build with MKL"):
+        packed.LinearPacks(tiny_pair[0].model, [1])
+    pp = PanelPacks(tiny_pair[0].model)
+    assert pp.linears > 0
+    pp.free()
+
+
 def test_a_weight_changed_after_packing_is_refused() -> None:
     lin = torch.nn.Linear(8, 16)
     pp = PanelPacks(torch.nn.Sequential(lin))

@@ -120,10 +120,10 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
 
     for d in cfg.drafters:  # a drafter that cannot run on this pair fails here, before any generation
         get_drafter(d, **dict(cfg.drafter_options.get(d) or {})).bind(target, draft)
-    if cfg.packed or cfg.panels:  # float32 on the CPU (with MKL / the panel kernel), or one clear error now
-        from mdv.models.packed import check_packable
+    if cfg.packed or cfg.panels:  # float32 on the CPU (and MKL for the packs), or one clear error now
+        from mdv.models.packed import check_packable, float32_cpu_linears
 
-        check_packable(target.model)
+        (check_packable if cfg.packed else float32_cpu_linears)(target.model)
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     cells = _e2e_cells(cfg)
     results: list[dict[str, Any]] = []

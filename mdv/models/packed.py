@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import time
 import types
+from abc import ABC, abstractmethod
 from contextlib import ExitStack
 from typing import Any, Sequence
 
@@ -48,20 +49,31 @@ def mkl_packing_available() -> bool:
             and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"))
 
 
+def check_float32_cpu(weights: Sequence[Tensor]) -> None:
+    """One clear error unless every weight is float32 on the CPU (the only weights either kind of pack serves)."""
+    bad = {(str(w.dtype).removeprefix("torch."), w.device.type) for w in weights} - {("float32", "cpu")}
+    if bad:
+        raise InvalidInputError(f"packed linears are for float32 models on the CPU; this model has linears in"
+                                f" {sorted(bad)}: run without packing, or load it in float32 on the CPU")
+
+
+def float32_cpu_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The ``nn.Linear`` layers of ``model``, or one clear error when it has none or they are not float32 on
+    the CPU."""
+    mods = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    if not mods:
+        raise InvalidInputError(f"{type(model).__name__} has no nn.Linear layers to pack")
+    check_float32_cpu([m.weight for m in mods])
+    return mods
+
+
 def check_packable(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The ``nn.Linear`` layers of ``model``, or one clear error when they cannot be packed (no MKL, none,
+    """The ``nn.Linear`` layers of ``model``, or one clear error when MKL cannot pack them (no MKL, none,
     or not float32 on the CPU)."""
     if not mkl_packing_available():
         raise InvalidInputError("packed linears need a torch build with MKL (torch.backends.mkl.is_available()"
                                 " is False here); run without packing")
-    mods = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    if not mods:
-        raise InvalidInputError(f"{type(model).__name__} has no nn.Linear layers to pack")
-    bad = {(str(m.weight.dtype).removeprefix("torch."), m.weight.device.type) for m in mods} - {("float32", "cpu")}
-    if bad:
-        raise InvalidInputError(f"packed linears are for float32 models on the CPU (MKL's sgemm); this model has"
-                                f" linears in {sorted(bad)}: run without packing, or load it in float32 on the CPU")
-    return mods
+    return float32_cpu_linears(model)
 
 
 def check_pack_sizes(sizes: Any) -> tuple[int, ...]:
@@ -119,7 +131,7 @@ def _packed_forward(self: torch.nn.Linear, x: Tensor) -> Tensor:
     return packed_linear(x, self.weight, self.bias, self._mdv_packs, self._mdv_pack_sizes)
 
 
-class LinearForwards:
+class LinearForwards(ABC):
     """The shared life cycle of prepared ``nn.Linear`` weights: ``with obj:`` gives each prepared layer its
     own ``forward`` (an instance attribute, removed on exit), ``free()`` drops what was prepared.
 
@@ -129,11 +141,12 @@ class LinearForwards:
     _attrs: tuple[str, ...] = ()
 
     def __init__(self) -> None:
-        self._packs: list[tuple[torch.nn.Linear, Any]] = []
+        self._packs: list[tuple[torch.nn.Module, Any]] = []
         self._active = False
 
-    def _install(self, m: torch.nn.Linear, pack: Any) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _install(self, m: torch.nn.Module, pack: Any) -> None:
+        """Give ``m`` its replaced method and the attributes it reads."""
 
     def _method(self, m: torch.nn.Module) -> str:
         """The name of the method of ``m`` that the block replaces."""

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mdv.errors import InvalidInputError
-from mdv.models.packed import LinearForwards, check_packable
+from mdv.models.packed import LinearForwards, check_float32_cpu, float32_cpu_linears
 
 PANEL = 16  # output columns per panel: two AVX2 registers of float32
 _SOURCE = Path(__file__).with_name("kernels") / "panel_linear.c"
@@ -190,12 +190,9 @@ class PanelPacks(LinearForwards):
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
-        check_packable(model)  # float32 on the CPU, at least one nn.Linear
+        float32_cpu_linears(model)  # at least one nn.Linear (no MKL needed: the kernel is mdv's own)
         layers = panel_layers(model)
-        bad = sorted({(str(getattr(m, a).dtype), getattr(m, a).device.type) for m, a in layers} - {("torch.float32", "cpu")})
-        if bad:
-            raise InvalidInputError(f"packed linears are for float32 models on the CPU; this model's subset head is"
-                                    f" {bad}: load it in float32 on the CPU")
+        check_float32_cpu([getattr(m, a) for m, a in layers])  # the subset heads too
         load_panel_kernel()  # compile (or fail) now, not in the middle of a pass
         t0 = time.perf_counter()
         by_weight: dict[int, Tensor] = {}

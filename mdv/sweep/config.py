@@ -77,7 +77,7 @@ class DatasetName(str, Enum):
 
 
 class LinearsKind(str, Enum):
-    """What runs the target's linear layers."""
+    """What runs the pair's linear layers."""
 
     plain = "plain"    # torch's own nn.Linear (its sgemm)
     panels = "panels"  # weight panels and mdv's kernel (mdv.models.panels): float32 on an AVX2 CPU, ~2x faster passes
@@ -310,7 +310,7 @@ def validate(cfg: RunConfig) -> None:
 
 
 def models_label(m: ModelsGroup) -> str:
-    """The pair's identity in cell ids and records: ``models.name``, with ``+panels`` when the target's linears
+    """The pair's identity in cell ids and records: ``models.name``, with ``+panels`` when the pair's linears
     run on weight panels (so a resumed sweep never pairs a plain AR cell's time with a panel cell's)."""
     return f"{m.name}+panels" if LinearsKind(enum_value(m.linears)) == LinearsKind.panels else str(m.name)
 
