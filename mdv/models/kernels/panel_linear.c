@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <immintrin.h>
 
+/* Lines (one per k: 16 floats = 64 bytes) to prefetch ahead; measured on an AVX2 EPYC at 1 thread: -10 to -17%
+ * at 5-17 rows, none at 1-2 rows (where it only costs load slots), 32 as good as 16-64. */
+#define PREFETCH 32
+
 #define KERNEL(MB)                                                                                          \
 static void kernel##MB(const float* restrict x, const float* restrict panel, const float* restrict b,      \
                        float* restrict y, int N, int K, int n0, int m0) {                                  \
@@ -20,6 +24,8 @@ static void kernel##MB(const float* restrict x, const float* restrict panel, con
     _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) { a0[j] = _mm256_setzero_ps(); a1[j] = _mm256_setzero_ps(); } \
     const float* xr = x + (size_t)m0 * K;                                                                   \
     for (int k = 0; k < K; k++) {                                                                          \
+        /* from 3 rows on the FMAs hide less of the stream: fetch the panel PREFETCH lines ahead */          \
+        if (MB > 2) _mm_prefetch((const char*)(panel + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0);         \
         __m256 w0 = _mm256_loadu_ps(panel + 16 * (size_t)k), w1 = _mm256_loadu_ps(panel + 16 * (size_t)k + 8); \
         _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) {                                             \
             __m256 xb = _mm256_broadcast_ss(xr + (size_t)j * K + k);                                       \
