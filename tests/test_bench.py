@@ -387,6 +387,56 @@ def test_e2e_panel_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypa
     assert "| sd panels |" in text and "| ar panels |" in text, text
 
 
+@pytest.mark.parametrize("panels", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler"))])
+def test_pass_limit_benchmark_lean_side_by_side(tiny_pair, tmp_path, panels: bool) -> None:
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_pass_limit
+
+    cfg = bench.PassLimitBench(pair=PairKind.tiny_random, n=[1, 4], threads=[1], context=5, repeats=3,
+                               bandwidth_megabytes=8, gemm_size=64, panels=panels, lean=True)
+    rec = _check_record(bench.run_pass_limit(cfg, target=tiny_pair[0]), "pass_limit", tmp_path)
+    res = rec["results"]
+    for r in res["per_threads"][0]["passes"]:
+        _check_spread(r["lean_ms"], 3)
+        _check_spread(r["lean_vs_plain"], 3)
+        assert r["lean_vs_limit"]["median"] == pytest.approx(r["lean_ms"]["median"] / r["limit_ms"])
+        assert r["lean_abs_prob_diff"] < 1e-6
+    assert res["max_abs_prob_diff_lean_vs_plain"] < 1e-6
+    assert [g["met"] for g in rec["goals"] if g["goal"] == "lean pass p equal to the plain pass (max abs difference)"] == [True]
+    text = "\n".join(section_pass_limit(load_record(tmp_path / "bench_pass_limit.json")))
+    assert "lean ÷ plain" in text and "Lean: mdv's lean decoder forward" in text, text
+
+
+def test_e2e_lean_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypatch) -> None:
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_e2e
+    from mdv.models import lean as lean_mod
+
+    passes: list[int] = []
+    real = lean_mod.LeanSession._pass
+    monkeypatch.setattr(lean_mod.LeanSession, "_pass", lambda self, ids, *a: passes.append(id(self.hf.model)) or real(self, ids, *a))
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=6, temperatures=[0.0],
+                   methods=["sd", "spectr"], K=[1, 3], L=[2], goal_temperature=0.0, lean=True)
+    rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
+    rows = {(r["method"], r["K"], r["L"], r["variant"]): r for r in rec["results"]}
+    cells = {("ar", None, None), ("sd", 1, 2), ("spectr", 1, 2), ("spectr", 3, 2)}
+    assert set(rows) == {(*c, v) for c in cells for v in ("plain", "lean")}
+    for (m, K, L, variant), r in rows.items():
+        assert r["forward"] == ("lean" if variant == "lean" else "hf") and r["linears"] == "plain"
+        if m == "ar":
+            assert r["speedup"]["median"] == 1.0  # AR on the lean forward is the lean cells' baseline
+        if variant == "lean":
+            _check_spread(r["lean_speed_vs_plain"], 2)
+            assert r["block_efficiency"] == rows[(m, K, L, "plain")]["block_efficiency"]
+        else:
+            assert "lean_speed_vs_plain" not in r
+    # both the target and the draft ran lean
+    assert {id(tiny_pair[0].model), id(tiny_pair[1].model)} <= set(passes)
+    text = "\n".join(section_e2e(load_record(tmp_path / "bench_e2e.json")))
+    assert "| sd lean |" in text and "| ar lean |" in text, text
+
+
 def test_hf_compare_benchmark_tiny(tmp_path) -> None:
     pair = bench.load_pair(torch.device("cpu"), PairKind.tiny_random, TinyPair(num_layers=2))
     cfg = bench.HFCompareBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=5,

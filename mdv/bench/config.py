@@ -118,6 +118,9 @@ class E2EBench:
     pack_cache: int = 2
     #: also run every cell (AR included) with the target's linears on 16-column weight panels (mdv.models.panels)
     panels: bool = False
+    #: also run every cell (AR included) with target and draft on mdv's lean decoder forward (mdv.models.lean),
+    #: on the panels when panels is true
+    lean: bool = False
     #: goals at goal_temperature: the best setting >= goal_best x AR, sd at its best L >= goal_sd x AR.
     goal_temperature: float = 0.4
     goal_best: float = 2.0
@@ -166,6 +169,8 @@ class PassLimitBench:
     pack_rungs: list[int] = field(default_factory=lambda: [1, 4, 8])
     #: also time every n with the linears on 16-column weight panels (mdv.models.panels), side by side
     panels: bool = False
+    #: also time every n on mdv's lean decoder forward (mdv.models.lean), on the panels when panels is true
+    lean: bool = False
     seed: int = 0
     #: goals: every pass within goal_ratio x its limit; the cached pass's p equal to a full pass within goal_prob_diff
     goal_ratio: float = 1.5

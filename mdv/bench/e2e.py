@@ -13,6 +13,10 @@ layers, ``eagle``'s head) run them on the packs too, their K-row steps padded up
 With ``panels: true`` every cell also runs with the target's and the draft model's linears on 16-column
 weight panels (:mod:`mdv.models.panels`; one pack each, as many bytes as the weights, serves every pass),
 speedup over AR on panels (AR runs the same target code; the draft model's subset head is on panels too).
+
+With ``lean: true`` every cell also runs on mdv's lean decoder forward (:mod:`mdv.models.lean`) for the target
+and the draft model: variant ``lean`` with plain linears, or ``lean+panels`` on the panels when ``panels`` is
+true; its speedup is over AR on the same code.
 """
 from __future__ import annotations
 
@@ -33,13 +37,24 @@ from mdv.models.packed import PacksTogether, rung_for
 
 
 # ====================================================================================== e2e
-#: (method, K, L, drafter, linears): linears is "plain", "packed" (MKL packs) or "panels" (weight panels)
+#: (method, K, L, drafter, variant): the target code, "plain", "packed" (MKL packs), "panels" (weight panels),
+#: "lean" (the lean forward) or "lean+panels" (the lean forward on the panels)
 Cell = tuple[str, Optional[int], Optional[int], Optional[str], str]
+
+
+def variant_linears(variant: str) -> str:
+    """The linears a variant runs on: "plain", "packed" or "panels"."""
+    return "panels" if variant.endswith("panels") else "packed" if variant == "packed" else "plain"
+
+
+def variant_forward(variant: str) -> str:
+    """The decoder forward a variant runs: "lean" (mdv.models.lean) or "hf" (transformers')."""
+    return "lean" if variant.startswith("lean") else "hf"
 
 
 def _e2e_cells(cfg: E2EBench) -> list[Cell]:
     """(method, K, L, drafter, linears) in run order: AR first (no K, L or drafter), then every drafter x
-    method; every cell plain, then packed (``cfg.packed``), then on panels (``cfg.panels``)."""
+    method; every cell plain, then packed (``cfg.packed``), on panels (``cfg.panels``), then lean (``cfg.lean``)."""
     from mdv.verify.registry import VERIFIERS
 
     plain: list[tuple[str, int | None, int | None, str | None]] = [("ar", None, None, None)]
@@ -49,7 +64,8 @@ def _e2e_cells(cfg: E2EBench) -> list[Cell]:
                 for L in cfg.L:
                     if (m, K, L, d) not in plain:
                         plain.append((m, K, L, d))
-    variants = ["plain"] + (["packed"] if cfg.packed else []) + (["panels"] if cfg.panels else [])
+    variants = (["plain"] + (["packed"] if cfg.packed else []) + (["panels"] if cfg.panels else [])
+                + ([("lean+panels" if cfg.panels else "lean")] if cfg.lean else []))
     return [(*c, v) for c in plain for v in variants]
 
 
@@ -90,7 +106,8 @@ class PackCache:
 
 
 def _linears_note(row: dict[str, Any]) -> str:
-    return "" if row.get("linears", "plain") == "plain" else f", {row['linears']}"
+    variant = row.get("variant", row.get("linears", "plain"))
+    return "" if variant == "plain" else f", {variant}"
 
 
 def interleaved_generations(cells: Sequence[Any], prompts: Sequence[list[int]],
@@ -138,14 +155,20 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
         from mdv.models.panels import PanelPacks
 
         panels = PacksTogether(PanelPacks(target.model), PanelPacks(draft.model))
+    lean_pair: tuple[Any, Any] | None = None
+    if cfg.lean:  # both models must run lean (Llama-like decoders), or one clear error now
+        from mdv.models.lean import LeanModel
+
+        lean_pair = (LeanModel.of(target), LeanModel.of(draft))
     bar = tqdm(total=len(cfg.temperatures) * len(prompts) * len(cells), desc="e2e generations", unit="gen",
                dynamic_ncols=True, file=sys.stderr)
     try:
         for T in cfg.temperatures:
             def run_cell(cell: Cell, i: int, ids: list[int], T: float = T) -> dict[str, Any]:
-                m, K, L, d, linears = cell
+                m, K, L, d, variant = cell
+                linears = variant_linears(variant)
                 bar.set_postfix_str(f"T={T:g} prompt {i + 1}/{len(prompts)} {m} K={K or 1} L={L or 1} {d or ''}"
-                                    f"{'' if linears == 'plain' else ' ' + linears}", refresh=False)
+                                    f"{'' if variant == 'plain' else ' ' + variant}", refresh=False)
                 extra = {} if d is None else {"drafter": d, "drafter_options": dict(cfg.drafter_options.get(d) or {})}
                 # packs are built (when not cached) before the generation, so their cost is not timed
                 ctx: Any = nullcontext()
@@ -153,15 +176,17 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
                     ctx = packs.get(pack_size(cell, tree, cfg.pack_rungs))
                 elif linears == "panels" and panels is not None:
                     ctx = panels
+                tgt, drf = lean_pair if variant_forward(variant) == "lean" and lean_pair is not None else (target, draft)
                 with ctx:
-                    r = generate(target, draft if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
+                    r = generate(tgt, drf if m != "ar" else None, ids, m, K=K or 1, L=L or 1, temperature=T,
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i, eos_token_id=[], **extra)
                 bar.update()
                 return r.stats
 
             stats = interleaved_generations(cells, prompts, run_cell)
-            for (m, K, L, d, linears), st in stats.items():
-                ar = stats[("ar", None, None, None, linears)]
+            for (m, K, L, d, variant), st in stats.items():
+                linears, forward = variant_linears(variant), variant_forward(variant)
+                ar = stats[("ar", None, None, None, variant)]
                 timed = st[1:]  # prompt 0 is the warm-up
                 speed = ratios_of([a["decode_s"] for a in ar[1:]], [s["decode_s"] for s in timed])
                 speed_e2e = ratios_of([a["total_s"] for a in ar[1:]], [s["total_s"] for s in timed])
@@ -170,20 +195,20 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
                 dec = sum(s["decode_s"] for s in timed)
                 split = {k: (sum(s[f"{k}_s"] for s in timed) / dec if dec > 0 else float("nan"))
                          for k in ("draft", "target", "verify", "other")}
-                row = {"temperature": T, "method": m, "K": K, "L": L, "drafter": d, "linears": linears,
-                       "packed": linears == "packed", "panels": linears == "panels",
+                row = {"temperature": T, "method": m, "K": K, "L": L, "drafter": d, "variant": variant,
+                       "linears": linears, "forward": forward, "packed": linears == "packed", "panels": linears == "panels",
                        "tokens_per_second": spread([s["tokens_per_second"] for s in timed]),
                        "speedup": spread(speed), "speedup_mean": statistics.fmean(speed) if speed else float("nan"),
                        "speedup_e2e": spread(speed_e2e),
                        "block_efficiency": tokens / calls if calls else float("nan"),
                        "time_split": split, "n_timed_prompts": len(timed)}
-                if linears != "plain":
+                if variant != "plain":
                     plain = stats[(m, K, L, d, "plain")][1:]
-                    #: plain decode s / this cell's decode s per prompt: what the packs or panels alone gain here
-                    row[f"{linears}_speed_vs_plain"] = spread(ratios_of([s["decode_s"] for s in plain],
+                    #: plain decode s / this cell's decode s per prompt: what the packs, panels or lean forward gain here
+                    row[f"{'lean' if forward == 'lean' else linears}_speed_vs_plain"] = spread(ratios_of([s["decode_s"] for s in plain],
                                                                         [s["decode_s"] for s in timed]))
                 if linears == "packed":
-                    row["pack_size"] = pack_size((m, K, L, d, linears), tree, cfg.pack_rungs)
+                    row["pack_size"] = pack_size((m, K, L, d, variant), tree, cfg.pack_rungs)
                 results.append(row)
     finally:
         bar.close()
@@ -191,26 +216,31 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
             packs.free()
         if panels is not None:
             panels.free()
-    packed_col, panels_col = bool(cfg.packed), bool(cfg.panels)
+    packed_col, panels_col, lean_col = bool(cfg.packed), bool(cfg.panels), bool(cfg.lean)
     rows = [[r["temperature"], r["method"], r["drafter"] or "-", r["K"] or "-", r["L"] or "-"]
-            + ([r["linears"]] if panels_col else [])
+            + ([r["variant"]] if panels_col or lean_col else [])
             + ([r["pack_size"] if r["packed"] else "-"] if packed_col else []) + [
              range_text(r["tokens_per_second"]),
              range_text(r["speedup"]), fmt_number(r["block_efficiency"]),
              " / ".join(f"{100 * r['time_split'][k]:.0f}%" if not math.isnan(r["time_split"][k]) else "-"
                         for k in ("draft", "target", "verify", "other"))]
             + ([range_text(r["packed_speed_vs_plain"]) if r["packed"] else "-"] if packed_col else [])
-            + ([range_text(r["panels_speed_vs_plain"]) if r["panels"] else "-"] if panels_col else []) for r in results]
+            + ([range_text(r["panels_speed_vs_plain"]) if r["variant"] == "panels" else "-"] if panels_col else [])
+            + ([range_text(r["lean_speed_vs_plain"]) if r["forward"] == "lean" else "-"] if lean_col else [])
+            for r in results]
     print_table(f"end to end: {target.name} + {draft.name}; {len(prompts) - 1} timed prompts (+1 warm-up) x"
                 f" {cfg.max_new_tokens} new tokens from {label}; decode speedup = AR decode s / method decode s per"
                 " prompt, median [min, max]" + ("; packed rows: linears on MKL packs for that many rows, speedup vs packed AR"
                                               if packed_col else "")
-                + ("; linears = panels: the target's and draft's linears on weight panels (mdv.models.panels), speedup vs AR on panels"
-                   if panels_col else ""),
-                ["T", "method", "drafter", "K", "L"] + (["linears"] if panels_col else [])
+                + ("; panels: the target's and draft's linears on weight panels (mdv.models.panels), speedup vs AR on panels"
+                   if panels_col else "")
+                + ("; lean: target and draft on mdv's lean decoder forward (mdv.models.lean), speedup vs AR on the same code"
+                   if lean_col else ""),
+                ["T", "method", "drafter", "K", "L"] + (["code"] if panels_col or lean_col else [])
                 + (["packed rows"] if packed_col else [])
                 + ["tokens/s", "speedup vs AR", "block eff.", "draft/target/verify/other"]
-                + (["packed / plain speed"] if packed_col else []) + (["panels / plain speed"] if panels_col else []), rows)
+                + (["packed / plain speed"] if packed_col else []) + (["panels / plain speed"] if panels_col else [])
+                + (["lean / plain speed"] if lean_col else []), rows)
     goals = []
     at = [r for r in results if r["temperature"] == cfg.goal_temperature and r["method"] != "ar"]
     if at:

@@ -19,13 +19,17 @@ one pack at a time, built before and freed after that n's timings),
 alternating with the plain pass in the same loop, and that pass's p is checked against the plain one.
 With ``panels: true`` the same for the linears on 16-column weight panels (:mod:`mdv.models.panels`: one
 pack for every n, as many bytes as the weights), and both float32 full passes are compared with a float64
-one, which shows how far float32 rounding alone moves p.
+one, which shows how far float32 rounding alone moves p.  With ``lean: true`` the same for the pass on
+mdv's lean decoder forward (:mod:`mdv.models.lean`: no transformers modules per layer, a preallocated cache),
+its linears on the panels when ``panels`` is true, else plain.
 """
 from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Optional
+from contextlib import nullcontext
+from functools import partial
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -33,6 +37,7 @@ from mdv.bench.config import PassLimitBench, TinyPair
 from mdv.bench.pairs import target_for, torch_device
 from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, spread, sync_for, time_call
+from mdv.models.lean import LeanModel
 from mdv.models.packed import LinearPacks, rung_for
 from mdv.models.panels import PanelPacks
 
@@ -80,6 +85,7 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
     threads_before = torch.get_num_threads()
     per_threads: list[dict[str, Any]] = []
     panels = PanelPacks(target.model) if cfg.panels else None  # one pack serves every n and thread count
+    lean_target = LeanModel.of(target) if cfg.lean else None  # checks the model can run lean, before timing
     try:
         for t in cfg.threads:
             torch.set_num_threads(int(t))
@@ -88,34 +94,42 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
             bw_med, peak_med = spread(bw)["median"], spread(peak)["median"]
             rows = []
             s = target.new_session()
+            lean_s = lean_target.new_session() if lean_target is not None else None
             with torch.inference_mode():
                 s.prefill(tokens[:cfg.context])
+                if lean_s is not None:
+                    with panels if panels is not None else nullcontext():
+                        lean_s.prefill(tokens[:cfg.context])
                 for n in cfg.n:
                     new = torch.tensor([tokens[cfg.context:cfg.context + n]], device=dev)  # [1, n]
 
-                    def one_pass(new: torch.Tensor = new) -> torch.Tensor:
-                        logits = s.extend(new)
-                        s.crop(cfg.context)
+                    def one_pass(new: torch.Tensor = new, session: Any = s) -> torch.Tensor:
+                        logits = session.extend(new)
+                        session.crop(cfg.context)
                         return logits
 
-                    # the variants timed beside the plain pass, alternating with it so load drift hits all alike
-                    variants: dict[str, Any] = {}
+                    # the variants timed beside the plain pass, alternating with it so load drift hits all alike:
+                    # name -> (the with-block its linears need, its pass)
+                    variants: dict[str, tuple[Any, Callable[[], torch.Tensor]]] = {}
                     if cfg.packed:
-                        variants["packed"] = LinearPacks(target.model, [rung_for(n, cfg.pack_rungs)])
+                        variants["packed"] = (LinearPacks(target.model, [rung_for(n, cfg.pack_rungs)]), one_pass)
                     if panels is not None:
-                        variants["panels"] = panels
+                        variants["panels"] = (panels, one_pass)
+                    if lean_s is not None:
+                        variants["lean"] = (panels if panels is not None else nullcontext(),
+                                            partial(one_pass, new, lean_s))
                     for _ in range(cfg.warmup):
                         one_pass()
-                        for ctx in variants.values():
+                        for ctx, fn in variants.values():
                             with ctx:
-                                one_pass()
+                                fn()
                     ms: list[float] = []
                     variant_ms: dict[str, list[float]] = {v: [] for v in variants}
                     for _ in range(cfg.repeats):
                         ms.append(1e3 * time_call(one_pass, sync))
-                        for v, ctx in variants.items():
+                        for v, (ctx, fn) in variants.items():
                             with ctx:
-                                variant_ms[v].append(1e3 * time_call(one_pass, sync))
+                                variant_ms[v].append(1e3 * time_call(fn, sync))
                     limit_ms = 1e3 * max(weight_bytes / (bw_med * 1e9), n * flops_per_token / (peak_med * 1e9))
                     row = {"n": n, "ms": spread(ms), "limit_ms": limit_ms,
                            "bound": "bandwidth" if weight_bytes / bw_med >= n * flops_per_token / peak_med
@@ -123,15 +137,15 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                            "vs_limit": spread([m / limit_ms for m in ms])}
                     if variants:
                         plain_p = torch.softmax(one_pass()[0].double(), -1)
-                    for v, ctx in variants.items():
+                    for v, (ctx, fn) in variants.items():
                         with ctx:
-                            got_p = torch.softmax(one_pass()[0].double(), -1)
+                            got_p = torch.softmax(fn()[0].double(), -1)
                         row.update({f"{v}_ms": spread(variant_ms[v]),
                                     f"{v}_vs_limit": spread([m / limit_ms for m in variant_ms[v]]),
                                     f"{v}_vs_plain": spread(ratios_of(variant_ms[v], ms)),
                                     f"{v}_abs_prob_diff": float((got_p - plain_p).abs().max())})
                     if "packed" in variants:
-                        packs = variants["packed"]
+                        packs = variants["packed"][0]
                         row.update({"pack_rows": packs.sizes[0], "pack_bytes": packs.pack_bytes,
                                     "pack_seconds": packs.pack_seconds})
                         packs.free()
@@ -161,22 +175,27 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
         res["max_abs_prob_diff_plain_vs_float64"] = float((full - full64).abs().max())
         res["max_abs_prob_diff_panels_vs_float64"] = float((full_panels - full64).abs().max())
         res["panel_pack_bytes"], res["panel_pack_seconds"] = panels.pack_bytes, panels.pack_seconds
-    packed, paneled = bool(cfg.packed), panels is not None
+    packed, paneled, lean = bool(cfg.packed), panels is not None, lean_target is not None
     for entry in per_threads:
         print_table(f"target pass vs its limit, {entry['threads']} thread(s): read bandwidth"
                     f" {range_text(entry['read_GBps'])} GB/s, GEMM {range_text(entry['gemm_GFLOPs'])} GFLOP/s;"
                     f" {weight_bytes / 1e6:.0f} MB of linear weights, {flops_per_token / 1e9:.3g} GFLOP per token,"
                     f" {cfg.context} cached tokens ({target.name})"
                     + ("; packed = linears on MKL packs for the pack rows (n padded up to them)" if packed else "")
-                    + ("; panels = linears on 16-column weight panels (mdv.models.panels)" if paneled else ""),
+                    + ("; panels = linears on 16-column weight panels (mdv.models.panels)" if paneled else "")
+                    + (f"; lean = mdv's lean decoder forward (mdv.models.lean), linears {'on panels' if paneled else 'plain'}"
+                       if lean else ""),
                     ["n new tokens", "ms", "limit ms", "bound", "x limit"]
                     + (["pack rows", "packed ms", "packed x limit", "packed / plain", "pack MB"] if packed else [])
-                    + (["panels ms", "panels x limit", "panels / plain"] if paneled else []),
+                    + (["panels ms", "panels x limit", "panels / plain"] if paneled else [])
+                    + (["lean ms", "lean x limit", "lean / plain"] if lean else []),
                     [[r["n"], range_text(r["ms"]), f"{r['limit_ms']:.3g}", r["bound"], range_text(r["vs_limit"])]
                      + ([r["pack_rows"], range_text(r["packed_ms"]), range_text(r["packed_vs_limit"]), range_text(r["packed_vs_plain"]),
                          f"{r['pack_bytes'] / 1e6:.0f}"] if packed else [])
                      + ([range_text(r["panels_ms"]), range_text(r["panels_vs_limit"]), range_text(r["panels_vs_plain"])]
                         if paneled else [])
+                     + ([range_text(r["lean_ms"]), range_text(r["lean_vs_limit"]), range_text(r["lean_vs_plain"])]
+                        if lean else [])
                      for r in entry["passes"]])
     print(f"  cached pass vs a fresh full pass: max |p diff| = {prob_diff:.3g}", flush=True)
     if paneled:
@@ -186,7 +205,7 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
     goals = [goal_record(f"{e['threads']} thread(s), n={r['n']}: pass <= {cfg.goal_ratio:g}x its limit",
                          r["vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
     goals.append(goal_record("cached pass p equal to a fresh full pass (max abs difference)", prob_diff, cfg.goal_prob_diff))
-    for v in (["packed"] if packed else []) + (["panels"] if paneled else []):
+    for v in (["packed"] if packed else []) + (["panels"] if paneled else []) + (["lean"] if lean else []):
         goals += [goal_record(f"{e['threads']} thread(s), n={r['n']}: {v} pass <= {cfg.goal_ratio:g}x its limit",
                               r[f"{v}_vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
         res[f"max_abs_prob_diff_{v}_vs_plain"] = max(r[f"{v}_abs_prob_diff"] for e in per_threads for r in e["passes"])

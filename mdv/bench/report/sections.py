@@ -119,16 +119,18 @@ def section_target_pass(rec: Record) -> list[str]:
 def e2e_label(r: dict) -> str:
     """The row's method, with its drafter where that is not the default draft model (``sd+ngram``), and
     "packed" for a run on MKL-packed target linears (``sd packed``; speedup over packed AR), "panels" for one on
-    weight panels (``sd panels``; speedup over AR on panels)."""
+    weight panels (``sd panels``; speedup over AR on panels), "lean" / "lean+panels" for one on the lean
+    decoder forward (speedup over AR on the same code)."""
     label = method_label(r["method"], r.get("drafter"))  # no drafter in records written before mdv.drafters
-    if r.get("packed"):
-        return f"{label} packed"
-    return f"{label} panels" if r.get("panels") else label
+    variant = r.get("variant")  # records before the lean forward have packed / panels flags only
+    if variant is None:
+        variant = "packed" if r.get("packed") else "panels" if r.get("panels") else "plain"
+    return label if variant == "plain" else f"{label} {variant}"
 
 
 def _e2e_key(r: dict) -> tuple:
     d = r.get("drafter")
-    return (bool(r.get("packed")), bool(r.get("panels")), d not in (None, "model"), d or "", _method_rank(r["method"]),
+    return (bool(r.get("packed")), bool(r.get("panels")), r.get("forward") == "lean", d not in (None, "model"), d or "", _method_rank(r["method"]),
             r["K"] or 0, r["L"] or 0)
 
 
@@ -292,19 +294,25 @@ def section_pass_limit(rec: Record) -> list[str]:
              + (" Panels: the linears on 16-column weight panels (mdv.models.panels; one pack for every n); p vs the plain"
                 f" pass: max |p diff| = {fmt(res['max_abs_prob_diff_panels_vs_plain'])}; a full float32 pass vs float64:"
                 f" {fmt(res['max_abs_prob_diff_plain_vs_float64'])} plain, {fmt(res['max_abs_prob_diff_panels_vs_float64'])}"
-                " on panels." if "max_abs_prob_diff_panels_vs_plain" in res else ""), ""]
+                " on panels." if "max_abs_prob_diff_panels_vs_plain" in res else "")
+             + (" Lean: mdv's lean decoder forward (mdv.models.lean; on the panels when they are timed); p vs the plain"
+                f" pass: max |p diff| = {fmt(res['max_abs_prob_diff_lean_vs_plain'])}."
+                if "max_abs_prob_diff_lean_vs_plain" in res else ""), ""]
     for e in res["per_threads"]:
         lines += [f"### {e['threads']} thread(s): read bandwidth {rng(e['read_GBps'])} GB/s, GEMM peak"
                   f" {rng(e['gemm_GFLOPs'])} GFLOP/s", ""]
         packed = any("packed_ms" in r for r in e["passes"])
         paneled = any("panels_ms" in r for r in e["passes"])
+        lean = any("lean_ms" in r for r in e["passes"])
         lines += md_table(["n new tokens", "ms", "limit ms", "bound", "× limit"]
                           + (["pack rows", "packed ms", "packed × limit", "packed ÷ plain"] if packed else [])
-                          + (["panels ms", "panels × limit", "panels ÷ plain"] if paneled else []),
+                          + (["panels ms", "panels × limit", "panels ÷ plain"] if paneled else [])
+                          + (["lean ms", "lean × limit", "lean ÷ plain"] if lean else []),
                           [[r["n"], rng(r["ms"]), fmt(r["limit_ms"]), r.get("bound", "-"), rng(r["vs_limit"])]
                            + ([r.get("pack_rows", r["n"]), rng(r["packed_ms"]), rng(r["packed_vs_limit"]), rng(r["packed_vs_plain"])]
                               if packed else [])
                            + ([rng(r["panels_ms"]), rng(r["panels_vs_limit"]), rng(r["panels_vs_plain"])] if paneled else [])
+                           + ([rng(r["lean_ms"]), rng(r["lean_vs_limit"]), rng(r["lean_vs_plain"])] if lean else [])
                            for r in e["passes"]])
         lines.append("")
     return lines[:-1]

@@ -1,0 +1,319 @@
+"""A lean decoder forward for Llama-family models: the same math as transformers' layers, far fewer calls.
+
+On a CPU, a decode pass of the default target (30 layers) spends ~20 ms outside its matrix products:
+transformers' per-layer modules issue ~200 small torch operations per layer (views, casts, a rotary
+``cat`` per head tensor, mask building), and ``DynamicCache`` re-concatenates every layer's keys and
+values at every step (~8 ms of ``cat`` per pass at 128 cached tokens).  :class:`LeanSession` runs the
+model's own weights and modules through a short loop instead.  Per layer, with x the residual stream
+[R, n, d], H query heads, G = H / H_kv, D the head size and ``cos``, ``sin`` transformers' rotary
+tables for the pass (computed once by the model's own ``rotary_emb``):
+
+    a = RMSNorm₁(x);   q, k, v = a·W_qᵀ, a·W_kᵀ, a·W_vᵀ        (the model's nn.Linear forwards)
+    q, k ← q·cos + swap(q)·sin±,  with swap(z) = [z₂, z₁] and sin± = [-sin₁, sin₂]
+    K[:, :, S:S+n], V[:, :, S:S+n] ← k, v                       (a preallocated cache, written in place)
+    o = softmax(q·Kᵀ/√D + mask)·V                               (one ``scaled_dot_product_attention``)
+    x ← x + o·W_oᵀ;   b = RMSNorm₂(x);   x ← x + (silu(b·W_gᵀ) ⊙ b·W_uᵀ)·W_dᵀ
+
+``swap(z)·sin±`` equals transformers' ``rotate_half(z)·sin`` bit for bit (a sign moved between factors),
+and the norms are one fused ``rms_norm`` with the modules' weights (the same bits in float32), so a lean pass
+differs from transformers' only in the attention kernel's summation order (measured: p within float32 rounding, see ``tests/test_lean_forward.py``).
+For n = 1 the G query heads of each key/value head are attention rows of one head (transformers'
+``pack_gqa``); for n > 1 a causal (or token-tree) boolean mask over the cache is passed.
+
+The linears are called through each module's ``forward``, so :class:`~mdv.models.panels.PanelPacks` and
+:class:`~mdv.models.packed.LinearPacks` apply unchanged (enter them on the same model).
+
+The cache is one tensor [layers, 2, R, H_kv, capacity, D]; the session operations are views and slices
+of it: ``crop`` sets the length, ``keep`` takes a row view, ``fork`` copies the filled prefix k times,
+``keep_nodes`` moves the kept tree path in one ``index_select`` over every layer.  Capacity doubles when
+a pass needs more.
+
+:func:`lean_support` says whether a model can run lean (a ``LlamaForCausalLM``-shaped decoder: pre-norm
+RMSNorm layers, SiLU gated MLP, rotary attention over the full context); :class:`LeanModel` is an
+:class:`~mdv.models.hf.HFModel` whose ``new_session()`` is a :class:`LeanSession` (its ``forward`` and
+``next_logprobs``, used by the oracle, stay transformers' own).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mdv.errors import InvalidInputError
+from mdv.models.hf import HFModel, decoder_stack
+from mdv.models.session import check_no_tree, check_tree_start
+from mdv.models.tree import TokenTree
+
+#: decoder layer classes whose forward is exactly the pre-norm Llama layer this module reproduces
+LEAN_LAYERS = ("LlamaDecoderLayer",)
+#: cached tokens a fresh session has room for before it first grows (doubling)
+_INITIAL_CAPACITY = 256
+
+
+def lean_support(model: Any) -> str | None:
+    """None when ``model`` (a transformers causal LM) can run the lean forward, else why not (one line)."""
+    name = type(model).__name__
+    try:
+        dec = decoder_stack(model, "the lean forward")
+    except InvalidInputError as exc:
+        return str(exc)
+    cfg = getattr(model, "config", None)
+    layers = list(dec.layers)
+    if not layers or any(type(layer).__name__ not in LEAN_LAYERS for layer in layers):
+        kinds = sorted({type(layer).__name__ for layer in layers})
+        return f"the lean forward runs {', '.join(LEAN_LAYERS)} decoders; {name} has {', '.join(kinds) or 'no layers'}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"the lean forward needs a SiLU MLP; {name} uses {cfg.hidden_act!r}"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return f"the lean forward does not split linears (pretraining_tp={cfg.pretraining_tp})"
+    if not hasattr(dec, "rotary_emb") or not hasattr(dec, "embed_tokens"):
+        return f"the lean forward needs the decoder's embed_tokens and rotary_emb; {name} lacks one"
+    if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+        return f"the lean forward computes attention like sdpa/eager; {name} is set to {cfg._attn_implementation!r}"
+    if getattr(model, "lm_head", None) is None:
+        return f"the lean forward needs an lm_head; {name} has none"
+    return None
+
+
+def check_lean(model: Any) -> None:
+    """One :class:`InvalidInputError` when ``model`` cannot run the lean forward (:func:`lean_support`)."""
+    why = lean_support(model)
+    if why is not None:
+        raise InvalidInputError(f"{why}; run it with forward='hf' (transformers' own forward)")
+
+
+def _rms_norm(norm: torch.nn.Module, x: Tensor) -> Tensor:
+    """transformers' ``LlamaRMSNorm(x) = w · x / sqrt(mean(x²) + ε)`` as one fused op in float32 (the same
+    bits as the module's five, checked in the tests); other dtypes take the module (it upcasts)."""
+    w = norm.weight
+    if x.dtype == torch.float32 and w.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), w, norm.variance_epsilon)
+    return norm(x)
+
+
+class LeanModel(HFModel):
+    """An :class:`HFModel` whose decoding sessions run the lean forward (:class:`LeanSession`).
+
+    ``LeanModel(model, tokenizer)`` like an HFModel, or :meth:`of` an existing HFModel (same torch
+    module, no copy).  ``forward`` and ``next_logprobs`` (the exact oracle's full passes) are transformers'."""
+
+    def __init__(self, model: Any, tokenizer: Any = None, name: str | None = None):
+        super().__init__(model, tokenizer, name)
+        check_lean(self.model)
+
+    @classmethod
+    def of(cls, hf: HFModel) -> "LeanModel":
+        """The lean view of ``hf`` (sharing its module and tokenizer)."""
+        if isinstance(hf, LeanModel):
+            return hf
+        return cls(hf.model, hf.tokenizer, name=hf.name)
+
+    def new_session(self) -> "LeanSession":  # type: ignore[override]
+        return LeanSession(self)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("HFModel(", "LeanModel(", 1)
+
+
+class LeanSession:
+    """One sequence decoded by a :class:`LeanModel` (a :class:`~mdv.models.session.DecodeSession` with
+    token trees and feature recording, like :class:`~mdv.models.hf.HFSession`)."""
+
+    supports_tree = True
+
+    def __init__(self, lm: LeanModel):
+        self.hf = lm
+        model = lm.model
+        self._dec = decoder_stack(model, "the lean forward")
+        self._layers = list(self._dec.layers)
+        cfg = lm.config
+        attn = self._layers[0].self_attn
+        self._heads = int(cfg.num_attention_heads)
+        self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self._heads)
+        self._head_dim = int(attn.head_dim)
+        self._scale = float(attn.scaling)
+        self._lm_head = model.lm_head
+        self._device = lm.device
+        self._dtype = lm.dtype
+        self._kv: Tensor | None = None  # [layers, 2, R, H_kv, capacity, D]
+        self._rows = 1
+        self._length = 0
+        self._tree: TokenTree | None = None
+        #: as HFSession: every pass keeps the last decoder layer's output [R, n, d] in ``last_features``
+        self.record_features = False
+        self.last_features: Tensor | None = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def capacity(self) -> int:
+        """Cached tokens the cache has room for before it grows."""
+        return 0 if self._kv is None else int(self._kv.shape[4])
+
+    def _reserve(self, need: int) -> None:
+        """Room for ``need`` cached tokens in every row (doubling; the filled prefix is copied)."""
+        if need <= self.capacity:
+            return
+        cap = max(need, 2 * self.capacity, _INITIAL_CAPACITY)
+        shape = (len(self._layers), 2, self._rows, self._kv_heads, cap, self._head_dim)
+        kv = torch.empty(shape, dtype=self._dtype, device=self._device)
+        if self._kv is not None and self._length:
+            kv[..., :self._length, :] = self._kv[..., :self._length, :]
+        self._kv = kv
+
+    # ------------------------------------------------------------------ the forward pass
+    def _forward(self, ids: Tensor, positions: Tensor, allowed: Tensor | None, last_only: bool) -> Tensor:
+        """ids, positions: [R, n]; allowed: None (causal) or a boolean mask [1, 1, n, S + n] over the
+        cache and the new tokens.  Writes the new keys and values at S..S+n-1 and returns logits [R, n', V]
+        (n' = 1 with ``last_only``).  The cache lives in inference mode (written in place by every pass);
+        a caller outside it gets ordinary tensors (copies)."""
+        if torch.is_inference_mode_enabled():
+            return self._pass(ids, positions, allowed, last_only)
+        with torch.inference_mode():
+            logits = self._pass(ids, positions, allowed, last_only)
+        if self.last_features is not None:
+            self.last_features = self.last_features.clone()
+        return logits.clone()
+
+    def _pass(self, ids: Tensor, positions: Tensor, allowed: Tensor | None, last_only: bool) -> Tensor:
+        R, n = ids.shape
+        S = self._length
+        self._reserve(S + n)
+        kv = self._kv
+        assert kv is not None
+        H, Hkv, D = self._heads, self._kv_heads, self._head_dim
+        G = H // Hkv
+        x = self._dec.embed_tokens(ids)  # [R, n, d]
+        cos, sin = self._dec.rotary_emb(x, positions)  # [R, n, D]
+        half = D // 2
+        # sin± = [-sin₁, sin₂] so that swap(z)·sin± == rotate_half(z)·sin (module docstring)
+        sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), -1).unsqueeze(2)  # [R, n, 1, D]
+        cos = cos.unsqueeze(2)  # [R, n, 1, D]
+        if n == 1:
+            mask = None  # one query sees the whole cache
+        elif allowed is None:  # new token i sees the cache and new tokens 0..i
+            mask = torch.ones(n, S + n, dtype=torch.bool, device=self._device).tril_(S)
+        else:
+            mask = allowed[0, 0]  # [n, S + n]
+        if mask is not None and G > 1:  # queries packed as G·n rows per key/value head (head-major within a group)
+            mask = mask.repeat(G, 1)  # [G·n, S + n]
+        for i, layer in enumerate(self._layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            a = _rms_norm(layer.input_layernorm, x)
+            q = attn.q_proj.forward(a).view(R, n, H, D)
+            k = attn.k_proj.forward(a).view(R, n, Hkv, D)
+            v = attn.v_proj.forward(a).view(R, n, Hkv, D)
+            q = q * cos + torch.cat((q[..., half:], q[..., :half]), -1) * sin_signed
+            k = k * cos + torch.cat((k[..., half:], k[..., :half]), -1) * sin_signed
+            keys, values = kv[i, 0], kv[i, 1]  # [R, H_kv, capacity, D]
+            keys[:, :, S:S + n].copy_(k.transpose(1, 2))
+            values[:, :, S:S + n].copy_(v.transpose(1, 2))
+            # [R, n, H, D] -> [R, H_kv, G·n, D]: the G query heads of a key/value head as rows of one head
+            qg = q.view(R, n, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(R, Hkv, G * n, D)
+            o = F.scaled_dot_product_attention(qg, keys[:, :, :S + n], values[:, :, :S + n], attn_mask=mask,
+                                               scale=self._scale)  # [R, H_kv, G·n, D]
+            o = o.view(R, Hkv, G, n, D).permute(0, 3, 1, 2, 4).reshape(R, n, H * D)
+            x = x + attn.o_proj.forward(o)
+            b = _rms_norm(layer.post_attention_layernorm, x)
+            x = x + mlp.down_proj.forward(F.silu(mlp.gate_proj.forward(b)) * mlp.up_proj.forward(b))
+        self._length = S + n
+        self.last_features = x if self.record_features else None
+        h = _rms_norm(self._dec.norm, x[:, -1:] if last_only else x)
+        return self._lm_head(h)
+
+    # ------------------------------------------------------------------ DecodeSession
+    def _positions(self, R: int, n: int) -> Tensor:
+        return torch.arange(self._length, self._length + n, dtype=torch.long, device=self._device).expand(R, n)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Process a prompt in the single row (no scores returned)."""
+        check_no_tree("prefill", self._tree)
+        if self._rows != 1:
+            raise InvalidInputError(f"prefill() needs a single row; the session has {self._rows}")
+        if len(tokens) == 0:
+            return
+        ids = torch.tensor([list(map(int, tokens))], dtype=torch.long)
+        self.hf._check_ids(ids)
+        self._forward(ids.to(self._device), self._positions(1, ids.shape[1]), None, last_only=True)
+
+    def extend(self, tokens: Tensor) -> Tensor:
+        """tokens: [R, n] -> logits [R, n, V] after each new token."""
+        check_no_tree("extend", self._tree)
+        if tokens.dim() != 2 or tokens.shape[1] < 1 or tokens.shape[0] != self._rows:
+            raise InvalidInputError(
+                f"extend() takes tokens of shape [rows={self._rows}, n >= 1]; got {tuple(tokens.shape)}")
+        self.hf._check_ids(tokens)  # an embedding lookup out of range is a bare IndexError
+        R, n = tokens.shape
+        return self._forward(tokens.long().to(self._device), self._positions(R, n), None, last_only=False)
+
+    def fork(self, k: int) -> None:
+        """One row -> k identical rows (the filled prefix copied k times)."""
+        check_no_tree("fork", self._tree)
+        if self._rows != 1:
+            raise InvalidInputError(f"fork() needs a single row; the session has {self._rows}")
+        if k < 1:
+            raise InvalidInputError(f"fork() needs k >= 1; got {k}")
+        if k > 1 and self._kv is not None:
+            old, S = self._kv, self._length
+            shape = list(old.shape)
+            shape[2] = k
+            with torch.inference_mode():
+                self._kv = torch.empty(shape, dtype=old.dtype, device=old.device)
+                self._kv[..., :S, :] = old[:, :, :1, :, :S]
+        self._rows = k
+
+    def keep(self, row: int) -> None:
+        """Keep one row (a view of the cache; no copy)."""
+        check_no_tree("keep", self._tree)
+        if not 0 <= row < self._rows:
+            raise InvalidInputError(f"keep() got row {row}; the session has {self._rows} rows")
+        if self._rows > 1 and self._kv is not None:
+            self._kv = self._kv[:, :, row:row + 1]
+        self._rows = 1
+
+    def crop(self, length: int) -> None:
+        """Forget every token past ``length``; a pending token tree is dropped."""
+        if not 0 <= length <= self._length:
+            raise InvalidInputError(f"crop() to {length} tokens; the session holds {self._length}")
+        self._tree = None
+        self._length = length
+
+    def extend_tree(self, tree: TokenTree) -> Tensor:
+        """Score the nodes of ``tree`` in the single row -> logits [n, V] (as HFSession.extend_tree: each
+        node sees the cache, its ancestors and itself, at position ``length + depth``)."""
+        check_tree_start(self._rows, self._tree)
+        ids = torch.tensor([tree.ids], dtype=torch.long)  # [1, n]
+        self.hf._check_ids(ids)
+        past = self._length
+        pos = (past + torch.tensor(tree.depth, dtype=torch.long, device=self._device)).unsqueeze(0)  # [1, n]
+        allowed = tree.attention_mask(past, self._device)  # [1, 1, n, past + n] bool
+        logits = self._forward(ids.to(self._device), pos, allowed, last_only=False)[0]  # [n, V]
+        self._length = past  # the nodes stay in the cache past `length` until keep_nodes / crop
+        self._tree = tree
+        return logits
+
+    def keep_nodes(self, nodes: Sequence[int]) -> None:
+        """Keep the cached prefix plus the tree nodes ``nodes`` (a path from the root), in that order."""
+        if self._tree is None:
+            raise InvalidInputError("keep_nodes() needs a tree scored by extend_tree() first")
+        nodes = self._tree.check_path(nodes)
+        past, keep = self._length, len(nodes)
+        if nodes != list(range(keep)) and self._kv is not None:  # move the kept path right after the prefix
+            idx = torch.tensor(nodes, dtype=torch.long, device=self._device) + past
+            with torch.inference_mode():
+                self._kv[..., past:past + keep, :] = self._kv.index_select(-2, idx)
+        self._length = past + keep
+        self._tree = None
