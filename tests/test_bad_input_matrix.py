@@ -562,6 +562,8 @@ CLI_CASES: dict[str, CliCase] = {
                                       r" or models.linears=plain$"),
     "run/unknown-linears": CliCase("run", {"models.linears": "fast"},
                                    r"models.linears=fast; Invalid value 'fast', expected one of \[plain, panels\]"),
+    "run/unknown-forward": CliCase("run", {"models.forward": "fast"},
+                                   r"models.forward=fast; Invalid value 'fast', expected one of \[hf, lean\]"),
     # python -m experiments.theory
     "theory/unknown-method": CliCase("theory", {"methods": "[nope]"},
                                      r"unknown method\(s\) \['nope'\]; valid methods are: " + ALL_VERIFIERS),

@@ -191,7 +191,7 @@ def test_a_model_it_cannot_run_gets_one_clear_error() -> None:
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_embd=16, n_layer=1, n_head=2, n_positions=64))
     why = lean_support(gpt2)
     assert why is not None and "GPT2LMHeadModel" in why
-    with pytest.raises(InvalidInputError, match="forward='hf'"):
+    with pytest.raises(InvalidInputError, match="models.forward=hf"):
         LeanModel(gpt2)
     from mdv.models.tiny_random import build_tiny_random_pair
 

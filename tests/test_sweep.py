@@ -306,6 +306,33 @@ def test_a_sweep_on_panel_linears_has_its_own_cells_and_the_same_greedy_tokens(f
         assert [g["text"] for g in rec["generations"]] == [g["text"] for g in twin[0]["generations"]]  # T = 0
 
 
+def test_a_sweep_on_the_lean_forward_has_its_own_cells_and_the_same_greedy_tokens(tmp_path: Path) -> None:
+    from mdv.models.lean import LeanModel
+    from mdv.sweep.config import ForwardKind
+    from mdv.sweep.model_sets import load_models
+
+    over = {"dataset.names": ["gsm8k"], "sampling.temperatures": [0.0], "models.forward": ForwardKind.lean}
+    cfg = tiny_config(tmp_path, **over)
+    hf_ids = {c.cell_id for c in expand_grid(tiny_config(tmp_path, **{**over, "models.forward": ForwardKind.hf}))}
+    assert {c.cell_id for c in expand_grid(cfg)}.isdisjoint(hf_ids)  # never paired with transformers' timings
+    sweep.reset_model_cache()
+    try:
+        report = run(cfg)
+        assert len(report.ok) == 3 and not report.failed
+        pair = load_models(cfg.models)
+        assert isinstance(pair.target, LeanModel) and isinstance(pair.draft, LeanModel)
+    finally:
+        sweep.reset_model_cache()
+    hf = run(tiny_config(tmp_path / "hf", **{**over, "models.forward": ForwardKind.hf}))
+    assert len(hf.ok) == 3
+    for path in (tmp_path / "cells").glob("*.json"):
+        rec = read_cell(path)
+        assert rec is not None and rec["config"]["models"] == "tiny_random-s0+lean"
+        twin = [read_cell(p) for p in (tmp_path / "hf" / "cells").glob(path.name.split("__s0__")[0] + "__*.json")]
+        assert len(twin) == 1
+        assert [g["text"] for g in rec["generations"]] == [g["text"] for g in twin[0]["generations"]]  # T = 0
+
+
 def test_panel_linears_on_bfloat16_fail_before_any_work(tmp_path: Path) -> None:
     from mdv.sweep.config import LinearsKind
 

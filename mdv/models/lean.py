@@ -81,7 +81,7 @@ def check_lean(model: Any) -> None:
     """One :class:`InvalidInputError` when ``model`` cannot run the lean forward (:func:`lean_support`)."""
     why = lean_support(model)
     if why is not None:
-        raise InvalidInputError(f"{why}; run it with forward='hf' (transformers' own forward)")
+        raise InvalidInputError(f"{why}; run it on transformers' own forward instead (models.forward=hf)")
 
 
 def _rms_norm(norm: torch.nn.Module, x: Tensor) -> Tensor:

@@ -83,6 +83,13 @@ class LinearsKind(str, Enum):
     panels = "panels"  # weight panels and mdv's kernel (mdv.models.panels): float32 on an AVX2 CPU, ~2x faster passes
 
 
+class ForwardKind(str, Enum):
+    """What runs the pair's decoder passes in the engine's sessions."""
+
+    hf = "hf"      # transformers' own forward and DynamicCache (mdv.models.hf)
+    lean = "lean"  # mdv's lean decoder forward over the same modules (mdv.models.lean): Llama-like decoders
+
+
 class ModelKind(str, Enum):
     """How the target/draft pair is obtained."""
 
@@ -176,6 +183,8 @@ class ModelsGroup:
     (``hub``).  device: null = CUDA when available, else CPU.  The ``tiny_random`` fields build the
     tiny pair (deterministic from ``seed``).  linears: ``panels`` runs the pair's linears on weight panels
     (:mod:`mdv.models.panels`) for the whole process: the same law up to float32 rounding, faster passes.
+    forward: ``lean`` runs the decoding sessions on :mod:`mdv.models.lean` (Llama-like decoders; the same law
+    up to float32 rounding, less per-layer overhead), ``hf`` on transformers' forward.
     """
 
     kind: ModelKind = ModelKind.default
@@ -191,6 +200,7 @@ class ModelsGroup:
     logit_scale: float = 30.0
     draft_noise: float = 0.3
     linears: LinearsKind = LinearsKind.plain
+    forward: ForwardKind = ForwardKind.hf
 
 
 @dataclass
@@ -311,8 +321,14 @@ def validate(cfg: RunConfig) -> None:
 
 def models_label(m: ModelsGroup) -> str:
     """The pair's identity in cell ids and records: ``models.name``, with ``+panels`` when the pair's linears
-    run on weight panels (so a resumed sweep never pairs a plain AR cell's time with a panel cell's)."""
-    return f"{m.name}+panels" if LinearsKind(enum_value(m.linears)) == LinearsKind.panels else str(m.name)
+    run on weight panels and ``+lean`` when its passes run on the lean forward (so a resumed sweep never pairs
+    an AR cell's time with a cell's on other code)."""
+    label = str(m.name)
+    if LinearsKind(enum_value(m.linears)) == LinearsKind.panels:
+        label += "+panels"
+    if ForwardKind(enum_value(getattr(m, "forward", ForwardKind.hf))) == ForwardKind.lean:
+        label += "+lean"
+    return label
 
 
 def drafter_options(cfg: RunConfig, name: str) -> dict[str, Any]:

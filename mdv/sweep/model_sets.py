@@ -5,7 +5,8 @@ draft, :mod:`mdv.models.default_pair`), ``tiny_random`` (the tiny random Llama p
 :mod:`mdv.models.tiny_random`), ``assets`` (a GGUF pair from :mod:`mdv.assets`, e.g. the optional
 Qwen2.5-Coder 1.5B/0.5B) and ``hub`` (hub ids or local folders, for users with the hub).  With
 ``models.linears=panels`` the target's and the draft's linears run on weight panels (:mod:`mdv.models.panels`) while the
-pair is loaded.
+pair is loaded; with ``models.forward=lean`` both are :class:`~mdv.models.lean.LeanModel`\ s (the engine's
+sessions run the lean decoder forward).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mdv.errors import MissingAssetError
-from mdv.sweep.config import LinearsKind, ModelKind, ModelsGroup, enum_value
+from mdv.sweep.config import ForwardKind, LinearsKind, ModelKind, ModelsGroup, enum_value
 from mdv.models.tiny_random import build_tiny_random_pair
 
 
@@ -101,6 +102,12 @@ def load_models(m: ModelsGroup) -> LoadedModels:
         for model in (target, draft):  # left by reset_model_cache
             panels.append(PanelPacks(model.model).__enter__())
             model.name = f"{model.name} [linears on weight panels]"
+    if ForwardKind(enum_value(m.forward)) == ForwardKind.lean:
+        from mdv.models.lean import LeanModel
+
+        target, draft = LeanModel.of(target), LeanModel.of(draft)  # one clear error for a non-Llama pair
+        for model in (target, draft):
+            model.name = f"{model.name} [lean forward]"
     loaded = LoadedModels(target, draft, tok, str(target.name), str(draft.name), m.dtype, str(device), panels)
     _MODELS[key] = loaded
     return loaded
