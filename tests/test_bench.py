@@ -16,6 +16,7 @@ import torch
 from mdv import bench
 from mdv.bench import (E2EBench, MemoryBench, OracleBench, PairKind, TargetPassBench, TinyPair, VerifierBench,
                        interleaved, largest_size, spread, write_json)
+from mdv.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = TinyPair(vocab_size=32, hidden_size=16, num_layers=1, seed=0)
@@ -360,8 +361,8 @@ def test_e2e_panel_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypa
     monkeypatch.setattr(panels_mod, "panel_linear", counting)
     built: list = []
     real_init = panels_mod.PanelPacks.__init__
-    monkeypatch.setattr(panels_mod.PanelPacks, "__init__", lambda self, model: real_init(self, model) or built.append(
-        (model, {pk[0].data_ptr() for _, pk in self._packs})))
+    monkeypatch.setattr(panels_mod.PanelPacks, "__init__", lambda self, model, dtype=torch.float32: real_init(self, model, dtype)
+                        or built.append((model, {pk[0].data_ptr() for _, pk in self._packs})))
     cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=6, temperatures=[0.0],
                    methods=["sd", "spectr"], K=[1, 3], L=[2], goal_temperature=0.0, panels=True)
     rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
@@ -435,6 +436,26 @@ def test_e2e_lean_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypat
     assert {id(tiny_pair[0].model), id(tiny_pair[1].model)} <= set(passes)
     text = "\n".join(section_e2e(load_record(tmp_path / "bench_e2e.json")))
     assert "| sd lean |" in text and "| ar lean |" in text, text
+
+
+@pytest.mark.skipif(not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler")
+def test_e2e_draft_panels_in_float16(tiny_pair, tmp_path, monkeypatch) -> None:
+    from mdv.models import panels as panels_mod
+
+    built: list = []
+    real_init = panels_mod.PanelPacks.__init__
+    monkeypatch.setattr(panels_mod.PanelPacks, "__init__",
+                        lambda self, model, dtype=torch.float32: real_init(self, model, dtype) or built.append((model, dtype)))
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=4, temperatures=[0.0],
+                   methods=["sd"], K=[1], L=[2], goal_temperature=0.0, panels=True, lean=True, draft_panel_dtype="float16")
+    rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
+    assert built == [(tiny_pair[0].model, torch.float32), (tiny_pair[1].model, torch.float16)]
+    rows = {(r["method"], r["variant"]): r for r in rec["results"]}
+    assert set(rows) == {(m, v) for m in ("ar", "sd") for v in ("plain", "panels", "lean+panels")}
+    assert rows[("sd", "lean+panels")]["linears"] == "panels" and rows[("sd", "lean+panels")]["forward"] == "lean"
+    with pytest.raises(InvalidInputError, match="e2e.draft_panel_dtype must be float32 or float16; got 'bfloat16'"):
+        bench.run_e2e(E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=4, panels=True,
+                               draft_panel_dtype="bfloat16"), pair=tiny_pair)
 
 
 def test_hf_compare_benchmark_tiny(tmp_path) -> None:

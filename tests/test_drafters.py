@@ -142,6 +142,17 @@ def test_greedy_equals_autoregressive_greedy(target3, drafter: str, method: str,
     assert res.stats["drafter"] == drafter
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "layerskip"])
+def test_greedy_on_the_lean_forward_equals_autoregressive_greedy(target3, drafter: str) -> None:
+    from mdv.models.lean import LeanModel
+
+    ref = greedy_reference(target3, PROMPT, 20)
+    opts = {"depth": 2} if drafter == "layerskip" else {}
+    res = generate(LeanModel.of(target3), None, PROMPT, "spectr", K=3, L=3, temperature=0.0, max_new_tokens=20,
+                   eos_token_id=[], drafter=drafter, drafter_options=opts)
+    assert res.tokens == ref
+
+
 LAW_SAMPLING = {"temperature": 0.9, "top_k": 5}
 LAW_PROMPT = [3, 4, 3, 4, 3]
 N_LAW = 600

@@ -242,6 +242,17 @@ def test_greedy_equals_autoregressive_greedy(target3, eagle_file, method: str, K
     assert res.stats["drafter"] == "eagle"
 
 
+@pytest.mark.parametrize("method,K", [("sd", 1), ("spectr", 3)])
+def test_greedy_on_the_lean_forward_equals_autoregressive_greedy(target3, eagle_file, method: str, K: int) -> None:
+    """The lean forward (mdv.models.lean) records the same features for eagle, so T = 0 stays AR greedy."""
+    from mdv.models.lean import LeanModel
+
+    ref = greedy_reference(target3, PROMPT, 20)
+    res = generate(LeanModel.of(target3), None, PROMPT, method, K=K, L=3, temperature=0.0, max_new_tokens=20,
+                   eos_token_id=[], drafter="eagle", drafter_options={"file": str(eagle_file)})
+    assert res.tokens == ref
+
+
 LAW_SAMPLING = {"temperature": 0.9, "top_k": 5}
 LAW_PROMPT = [3, 4, 3, 4, 3]
 

@@ -239,3 +239,43 @@ def test_two_processes_compiling_at_once_both_get_a_whole_kernel(tmp_path) -> No
     assert [p.returncode for p in procs] == [0, 0], outs
     assert [o[0].strip() for o in outs] == ["ok", "ok"]
     assert len(list(tmp_path.rglob("*.so"))) == 1 and not list(tmp_path.rglob("*.tmp"))
+
+
+# ---------------------------------------------------------------------------------- float16 panels
+@pytest.mark.parametrize("rows", [1, 3, 6, 7, 13])
+@pytest.mark.parametrize("bias", [True, False])
+def test_float16_panels_of_float16_values_give_the_float32_panels_bits(rows: int, bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(40, 33, generator=gen).half().float()  # float16 values held in float32
+    b = torch.randn(40, generator=gen) if bias else None
+    x = torch.randn(rows, 33, generator=gen)
+    _, pb = _panels_and_bias(w, b)
+    p32, p16 = pack_panels(w), pack_panels(w, torch.float16)
+    assert p16.dtype == torch.float16 and p16.shape == p32.shape and p16.nbytes * 2 == p32.nbytes
+    assert torch.equal(p16.float(), p32)
+    assert torch.equal(panel_linear(x, p16, pb, 40), panel_linear(x, p32, pb, 40))
+
+
+def test_float16_panels_of_other_weights_are_the_product_with_rounded_weights() -> None:
+    gen = torch.Generator().manual_seed(5)
+    w, x = torch.randn(48, 64, generator=gen), torch.randn(5, 64, generator=gen)
+    got = panel_linear(x, pack_panels(w, torch.float16), None, 48)
+    torch.testing.assert_close(got, F.linear(x, w.half().float()), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, F.linear(x, w), rtol=1e-6, atol=1e-6)  # the weights were rounded
+
+
+def test_a_draft_on_float16_panels_keeps_t0_equal_to_ar_greedy(tiny_pair) -> None:
+    """The draft's law is whatever it computes, and q is recorded exactly: rounding its weights keeps every
+    method lossless (the target stays on float32 panels)."""
+    target, draft, _ = tiny_pair
+    packs = PanelPacks(draft.model, dtype=torch.float16)
+    assert packs.dtype == torch.float16 and packs.pack_bytes * 2 == PanelPacks(draft.model).pack_bytes
+    assert "dtype=float16" in repr(packs)
+    for method, K, target_pass in (("sd", 1, "rows"), ("spectr", 3, "tree")):
+        assert_t0_equals_ar_greedy(tiny_pair, method, K, 4, target_pass,
+                                   PacksTogether(PanelPacks(target.model), PanelPacks(draft.model, dtype=torch.float16)))
+
+
+def test_panels_refuse_other_weight_dtypes(tiny_pair) -> None:
+    with pytest.raises(InvalidInputError, match="panels hold float32 or float16 weights; got dtype=torch.bfloat16"):
+        PanelPacks(tiny_pair[1].model, dtype=torch.bfloat16)

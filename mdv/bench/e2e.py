@@ -14,6 +14,9 @@ With ``panels: true`` every cell also runs with the target's and the draft model
 weight panels (:mod:`mdv.models.panels`; one pack each, as many bytes as the weights, serves every pass),
 speedup over AR on panels (AR runs the same target code; the draft model's subset head is on panels too).
 
+``draft_panel_dtype: float16`` holds the draft's panels in float16 (half its bytes per step; the draft's law is
+whatever it computes and q stays exact, so every method stays lossless; the target's panels stay float32).
+
 With ``lean: true`` every cell also runs on mdv's lean decoder forward (:mod:`mdv.models.lean`) for the target
 and the draft model: variant ``lean`` with plain linears, or ``lean+panels`` on the panels when ``panels`` is
 true; its speedup is over AR on the same code.
@@ -31,6 +34,7 @@ from mdv.bench.config import E2EBench, TinyPair
 from mdv.bench.pairs import pair_for, pair_identity, prompt_ids, torch_device
 from mdv.bench.records import bench_record, fmt_number, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, rotated, spread
+from mdv.errors import InvalidInputError
 from mdv.models.packed import PacksTogether, rung_for
 
 
@@ -67,6 +71,15 @@ def _e2e_cells(cfg: E2EBench) -> list[Cell]:
     variants = (["plain"] + (["packed"] if cfg.packed else []) + (["panels"] if cfg.panels else [])
                 + ([("lean+panels" if cfg.panels else "lean")] if cfg.lean else []))
     return [(*c, v) for c in plain for v in variants]
+
+
+def check_draft_panel_dtype(name: str) -> Any:
+    """The torch dtype of ``e2e.draft_panel_dtype`` ("float32" or "float16"), or one clear error."""
+    import torch
+
+    if name not in ("float32", "float16"):
+        raise InvalidInputError(f"e2e.draft_panel_dtype must be float32 or float16; got {name!r}")
+    return getattr(torch, name)
 
 
 def pack_size(cell: Cell, tree: bool, rungs: Sequence[int]) -> int:
@@ -141,6 +154,7 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
         from mdv.models.packed import check_packable, float32_cpu_linears
 
         (check_packable if cfg.packed else float32_cpu_linears)(target.model)
+    draft_panel_dtype = check_draft_panel_dtype(cfg.draft_panel_dtype)
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     cells = _e2e_cells(cfg)
     results: list[dict[str, Any]] = []
@@ -154,7 +168,7 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
     if cfg.panels:  # one pack of the target and one of the draft serve every cell (the kernel compiles, or fails, here)
         from mdv.models.panels import PanelPacks
 
-        panels = PacksTogether(PanelPacks(target.model), PanelPacks(draft.model))
+        panels = PacksTogether(PanelPacks(target.model), PanelPacks(draft.model, dtype=draft_panel_dtype))
     lean_pair: tuple[Any, Any] | None = None
     if cfg.lean:  # both models must run lean (Llama-like decoders), or one clear error now
         from mdv.models.lean import LeanModel
@@ -233,6 +247,7 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
                 " prompt, median [min, max]" + ("; packed rows: linears on MKL packs for that many rows, speedup vs packed AR"
                                               if packed_col else "")
                 + ("; panels: the target's and draft's linears on weight panels (mdv.models.panels), speedup vs AR on panels"
+                   + (f" (the draft's panels in {cfg.draft_panel_dtype})" if cfg.draft_panel_dtype != "float32" else "")
                    if panels_col else "")
                 + ("; lean: target and draft on mdv's lean decoder forward (mdv.models.lean), speedup vs AR on the same code"
                    if lean_col else ""),

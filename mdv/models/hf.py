@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from mdv.errors import InvalidInputError, MissingAssetError
-from mdv.models.session import check_no_tree, check_tree_start
+from mdv.models.session import CacheSessionBase, check_tree_start
 from mdv.models.tree import TokenTree
 
 # Prefixes per forward pass in next_logprobs (grouped by length, so no padding is needed).
@@ -289,7 +289,7 @@ class HFModel:
                 f" dtype={self.dtype})")
 
 
-class HFSession:
+class HFSession(CacheSessionBase):
     """One sequence's KV cache for an :class:`HFModel` (a :class:`~mdv.models.session.DecodeSession`).
 
     All rows always hold the same number of tokens (``length``), so no padding or attention mask is
@@ -325,18 +325,6 @@ class HFSession:
         self.supports_tree: bool = (attn in _MASKABLE_ATTENTION and DynamicLayer is not None and bool(layers)
                                     and all(type(layer) is DynamicLayer for layer in layers))
 
-    @property
-    def rows(self) -> int:
-        return self._rows
-
-    @property
-    def length(self) -> int:
-        return self._length
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
     def _run(self, tokens: Tensor, last_only: bool) -> Tensor:
         R, n = tokens.shape
         pos = torch.arange(self._length, self._length + n, dtype=torch.long).expand(R, n)
@@ -353,9 +341,7 @@ class HFSession:
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Process a prompt in the single row (no scores returned)."""
-        check_no_tree("prefill", self._tree)
-        if self._rows != 1:
-            raise InvalidInputError(f"prefill() needs a single row; the session has {self._rows}")
+        self._check_prefill()
         if len(tokens) == 0:
             return
         ids = torch.tensor([list(map(int, tokens))], dtype=torch.long)
@@ -364,28 +350,19 @@ class HFSession:
 
     def extend(self, tokens: Tensor) -> Tensor:
         """tokens: [R, n] -> logits [R, n, V] after each new token (the model's dtype and device)."""
-        check_no_tree("extend", self._tree)
-        if tokens.dim() != 2 or tokens.shape[1] < 1 or tokens.shape[0] != self._rows:
-            raise InvalidInputError(
-                f"extend() takes tokens of shape [rows={self._rows}, n >= 1]; got {tuple(tokens.shape)}")
+        self._check_extend(tokens)
         return self._run(tokens, last_only=False)
 
     def fork(self, k: int) -> None:
         """One row -> k identical rows (``DynamicCache.batch_repeat_interleave``)."""
-        check_no_tree("fork", self._tree)
-        if self._rows != 1:
-            raise InvalidInputError(f"fork() needs a single row; the session has {self._rows}")
-        if k < 1:
-            raise InvalidInputError(f"fork() needs k >= 1; got {k}")
+        self._check_fork(k)
         if k > 1 and self._length > 0:
             self.cache.batch_repeat_interleave(k)
         self._rows = k
 
     def keep(self, row: int) -> None:
         """Keep one row (``DynamicCache.batch_select_indices``)."""
-        check_no_tree("keep", self._tree)
-        if not 0 <= row < self._rows:
-            raise InvalidInputError(f"keep() got row {row}; the session has {self._rows} rows")
+        self._check_keep(row)
         if self._rows > 1 and self._length > 0:
             self.cache.batch_select_indices(torch.tensor([row], device=self.device))
         self._rows = 1
@@ -393,8 +370,7 @@ class HFSession:
     def crop(self, length: int) -> None:
         """Forget every token past ``length`` (``DynamicCache.crop`` with a negative count); a pending
         token tree is dropped."""
-        if not 0 <= length <= self._length:
-            raise InvalidInputError(f"crop() to {length} tokens; the session holds {self._length}")
+        self._check_crop(length)
         remove = self._length - length
         if self._tree is not None:
             remove += self._tree.size

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from mdv.errors import InvalidInputError
 from mdv.models.hf import HFModel, decoder_stack
-from mdv.models.session import check_no_tree, check_tree_start
+from mdv.models.session import CacheSessionBase, check_tree_start
 from mdv.models.tree import TokenTree
 
 #: decoder layer classes whose forward is exactly the pre-norm Llama layer this module reproduces
@@ -117,7 +117,7 @@ class LeanModel(HFModel):
         return super().__repr__().replace("HFModel(", "LeanModel(", 1)
 
 
-class LeanSession:
+class LeanSession(CacheSessionBase):
     """One sequence decoded by a :class:`LeanModel` (a :class:`~mdv.models.session.DecodeSession` with
     token trees and feature recording, like :class:`~mdv.models.hf.HFSession`)."""
 
@@ -146,18 +146,6 @@ class LeanSession:
         self.last_features: Tensor | None = None
 
     # ------------------------------------------------------------------ state
-    @property
-    def rows(self) -> int:
-        return self._rows
-
-    @property
-    def length(self) -> int:
-        return self._length
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
     @property
     def capacity(self) -> int:
         """Cached tokens the cache has room for before it grows."""
@@ -240,9 +228,7 @@ class LeanSession:
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Process a prompt in the single row (no scores returned)."""
-        check_no_tree("prefill", self._tree)
-        if self._rows != 1:
-            raise InvalidInputError(f"prefill() needs a single row; the session has {self._rows}")
+        self._check_prefill()
         if len(tokens) == 0:
             return
         ids = torch.tensor([list(map(int, tokens))], dtype=torch.long)
@@ -251,21 +237,14 @@ class LeanSession:
 
     def extend(self, tokens: Tensor) -> Tensor:
         """tokens: [R, n] -> logits [R, n, V] after each new token."""
-        check_no_tree("extend", self._tree)
-        if tokens.dim() != 2 or tokens.shape[1] < 1 or tokens.shape[0] != self._rows:
-            raise InvalidInputError(
-                f"extend() takes tokens of shape [rows={self._rows}, n >= 1]; got {tuple(tokens.shape)}")
+        self._check_extend(tokens)
         self.hf._check_ids(tokens)  # an embedding lookup out of range is a bare IndexError
         R, n = tokens.shape
         return self._forward(tokens.long().to(self._device), self._positions(R, n), None, last_only=False)
 
     def fork(self, k: int) -> None:
         """One row -> k identical rows (the filled prefix copied k times)."""
-        check_no_tree("fork", self._tree)
-        if self._rows != 1:
-            raise InvalidInputError(f"fork() needs a single row; the session has {self._rows}")
-        if k < 1:
-            raise InvalidInputError(f"fork() needs k >= 1; got {k}")
+        self._check_fork(k)
         if k > 1 and self._kv is not None:
             old, S = self._kv, self._length
             shape = list(old.shape)
@@ -277,17 +256,14 @@ class LeanSession:
 
     def keep(self, row: int) -> None:
         """Keep one row (a view of the cache; no copy)."""
-        check_no_tree("keep", self._tree)
-        if not 0 <= row < self._rows:
-            raise InvalidInputError(f"keep() got row {row}; the session has {self._rows} rows")
+        self._check_keep(row)
         if self._rows > 1 and self._kv is not None:
             self._kv = self._kv[:, :, row:row + 1]
         self._rows = 1
 
     def crop(self, length: int) -> None:
         """Forget every token past ``length``; a pending token tree is dropped."""
-        if not 0 <= length <= self._length:
-            raise InvalidInputError(f"crop() to {length} tokens; the session holds {self._length}")
+        self._check_crop(length)
         self._tree = None
         self._length = length
 

@@ -53,7 +53,12 @@ from mdv.models.packed import LinearForwards, check_float32_cpu, float32_cpu_lin
 
 PANEL = 16  # output columns per panel: two AVX2 registers of float32
 _SOURCE = Path(__file__).with_name("kernels") / "panel_linear.c"
-_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+#: the weight dtypes a panel pack can hold: float32 (the weights as they are) or float16 (half the bytes to
+#: stream; the same bits as float32 panels for weights that are float16 values already, e.g. a draft shipped
+#: in float16, and rounded to float16 otherwise)
+PANEL_DTYPES = (torch.float32, torch.float16)
+_KERNEL_NAMES = {torch.float32: "panel_linear", torch.float16: "panel_linear_f16"}
 
 
 def _compiler() -> str | None:
@@ -68,7 +73,7 @@ def _cpu_has_avx2_fma() -> bool:
             flags = Path("/proc/cpuinfo").read_text().split()
         except OSError:
             return False
-        return "avx2" in flags and "fma" in flags
+        return "avx2" in flags and "fma" in flags and "f16c" in flags
 
 
 def panel_kernel_status() -> tuple[bool, str]:
@@ -89,9 +94,10 @@ def _kernel_path(cc: str) -> Path:
 
 
 @functools.lru_cache(maxsize=1)
-def load_panel_kernel() -> Any:
-    """The compiled kernel's ``panel_linear`` function (compiled on first use; module docstring), or one
-    clear :class:`InvalidInputError` saying why it cannot be."""
+def load_panel_kernel() -> dict[torch.dtype, Any]:
+    """The compiled kernel's functions by panel weight dtype (``panel_linear`` for float32 panels,
+    ``panel_linear_f16`` for float16 ones; compiled on first use, module docstring), or one clear
+    :class:`InvalidInputError` saying why they cannot be."""
     ok, why = panel_kernel_status()
     if not ok:
         raise InvalidInputError(why)
@@ -106,20 +112,31 @@ def load_panel_kernel() -> Any:
             tmp.unlink(missing_ok=True)
             first = (proc.stderr or proc.stdout).strip().splitlines()
             raise InvalidInputError(f"compiling the panel kernel with {cc} failed ({first[0] if first else 'no output'});"
-                                    " run without panels, or set CC to a compiler that accepts -mavx2 -mfma -fopenmp")
+                                    " run without panels, or set CC to a compiler that accepts -mavx2 -mfma -mf16c -fopenmp")
         os.replace(tmp, so)  # atomic: another process sees the old file or the whole new one
     lib = ctypes.CDLL(str(so))
-    fn = lib.panel_linear
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    fn.restype = ctypes.c_int
-    return fn
+    kernels: dict[torch.dtype, Any] = {}
+    for dtype, name in _KERNEL_NAMES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        fn.restype = ctypes.c_int
+        kernels[dtype] = fn
+    return kernels
 
 
-def pack_panels(weight: Tensor) -> Tensor:
-    """weight [N, K] -> panels [ceil(N/16), K, 16] with P[p, k, c] = W[16p + c, k] (zeros past row N)."""
+def check_panel_dtype(dtype: Any) -> torch.dtype:
+    """``dtype`` when panels can hold it (:data:`PANEL_DTYPES`), else one clear error."""
+    if dtype not in PANEL_DTYPES:
+        raise InvalidInputError(f"panels hold float32 or float16 weights; got dtype={dtype!r}")
+    return dtype
+
+
+def pack_panels(weight: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """weight [N, K] -> panels [ceil(N/16), K, 16] with P[p, k, c] = W[16p + c, k] (zeros past row N), held
+    in ``dtype`` (float32, or float16: half the bytes, :data:`PANEL_DTYPES`)."""
     n, k = weight.shape
     pad = -n % PANEL
-    w = weight.detach().float()
+    w = weight.detach().to(check_panel_dtype(dtype))
     if pad:
         w = torch.cat([w, w.new_zeros(pad, k)])
     return w.reshape(-1, PANEL, k).transpose(1, 2).contiguous()  # [N'/16, K, 16]
@@ -128,9 +145,9 @@ def pack_panels(weight: Tensor) -> Tensor:
 def panel_linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """``F.linear(x, W, b)`` on the panels of W (module docstring).
 
-    x: [..., K] float32 on the CPU; panels: [N'/16, K, 16] (:func:`pack_panels`); bias: [N'] (padded like
-    the panels) or None.  -> [..., out_features]."""
-    kernel = load_panel_kernel()
+    x: [..., K] float32 on the CPU; panels: [N'/16, K, 16] float32 or float16 (:func:`pack_panels`); bias:
+    [N'] float32 (padded like the panels) or None.  -> [..., out_features] float32."""
+    kernel = load_panel_kernel()[panels.dtype]
     lead = x.shape[:-1]
     k = x.shape[-1]
     n_pad = panels.shape[0] * PANEL
@@ -183,13 +200,18 @@ class PanelPacks(LinearForwards):
     ``with panels:`` runs the model's linears on them (module docstring).  A weight shared by several layers
     (a tied head) is packed once.
 
+    ``dtype``: the panels' weight dtype, float32 (default: the model's own products) or float16 (half the
+    bytes per pass; exact for float16-valued weights, rounded otherwise: for a draft, whose proposal law is
+    whatever it computes, not for a target, whose law must stay its own).
+
     Attributes: ``linears`` (how many layers), ``pack_bytes`` (the memory the panels hold), ``weight_bytes``
-    (the distinct packed weights), ``pack_seconds``."""
+    (the distinct packed weights), ``pack_seconds``, ``dtype``."""
 
     _attrs = ("_mdv_panels", "_mdv_panel_bias", "_mdv_panel_version", "_mdv_panel_weight")
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.float32):
         super().__init__()
+        self.dtype = check_panel_dtype(dtype)
         float32_cpu_linears(model)  # at least one nn.Linear (no MKL needed: the kernel is mdv's own)
         layers = panel_layers(model)
         check_float32_cpu([getattr(m, a) for m, a in layers])  # the subset heads too
@@ -201,7 +223,7 @@ class PanelPacks(LinearForwards):
                 weight = getattr(m, attr)
                 panels = by_weight.get(id(weight))
                 if panels is None:
-                    panels = by_weight[id(weight)] = pack_panels(weight)
+                    panels = by_weight[id(weight)] = pack_panels(weight, self.dtype)
                 bias = None
                 if attr == "weight" and m.bias is not None:
                     bias = torch.zeros(panels.shape[0] * PANEL)
@@ -221,5 +243,5 @@ class PanelPacks(LinearForwards):
         setattr(m, self._method(m), types.MethodType(_panel_product, m))
 
     def __repr__(self) -> str:
-        return (f"PanelPacks(linears={self.linears}, pack_bytes={self.pack_bytes / 1e6:.3g} MB"
-                f" for {self.weight_bytes / 1e6:.3g} MB of weights)")
+        return (f"PanelPacks(linears={self.linears}, dtype={str(self.dtype).removeprefix('torch.')},"
+                f" pack_bytes={self.pack_bytes / 1e6:.3g} MB for {self.weight_bytes / 1e6:.3g} MB of weights)")

@@ -87,6 +87,57 @@ def _check_extend(tokens: Tensor, rows: int) -> None:
         raise InvalidInputError(f"extend() got {tokens.shape[0]} rows but the session has {rows}")
 
 
+class CacheSessionBase:
+    """What a KV-cache session (:class:`~mdv.models.hf.HFSession`, :class:`~mdv.models.lean.LeanSession`)
+    shares: ``rows``, ``length`` and ``device``, and the argument checks of each operation (one clear
+    :class:`~mdv.errors.InvalidInputError` each).  Subclasses set ``_rows``, ``_length``, ``_device`` and
+    ``_tree`` (the token tree scored by ``extend_tree`` and not yet settled, or None)."""
+
+    _rows: int
+    _length: int
+    _device: torch.device
+    _tree: TokenTree | None
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def _check_prefill(self) -> None:
+        check_no_tree("prefill", self._tree)
+        if self._rows != 1:
+            raise InvalidInputError(f"prefill() needs a single row; the session has {self._rows}")
+
+    def _check_extend(self, tokens: Tensor) -> None:
+        check_no_tree("extend", self._tree)
+        if tokens.dim() != 2 or tokens.shape[1] < 1 or tokens.shape[0] != self._rows:
+            raise InvalidInputError(
+                f"extend() takes tokens of shape [rows={self._rows}, n >= 1]; got {tuple(tokens.shape)}")
+
+    def _check_fork(self, k: int) -> None:
+        check_no_tree("fork", self._tree)
+        if self._rows != 1:
+            raise InvalidInputError(f"fork() needs a single row; the session has {self._rows}")
+        if k < 1:
+            raise InvalidInputError(f"fork() needs k >= 1; got {k}")
+
+    def _check_keep(self, row: int) -> None:
+        check_no_tree("keep", self._tree)
+        if not 0 <= row < self._rows:
+            raise InvalidInputError(f"keep() got row {row}; the session has {self._rows} rows")
+
+    def _check_crop(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise InvalidInputError(f"crop() to {length} tokens; the session holds {self._length}")
+
+
 class PrefixSession:
     """A :class:`DecodeSession` for any LanguageModel, kept as explicit token lists (no KV cache).
 

@@ -9,7 +9,7 @@
  * the cache.  Sums over k run in order (on random [49152 x 576] weights the error against a float64
  * product, 2e-5, is below MKL's sgemm's, 4e-5).
  *
- * Built by mdv.models.panels with gcc -O3 -mavx2 -mfma -fopenmp; called through ctypes. */
+ * Built by mdv.models.panels with gcc -O3 -mavx2 -mfma -mf16c -fopenmp; called through ctypes. */
 #include <stddef.h>
 #include <immintrin.h>
 
@@ -17,8 +17,13 @@
  * at 5-17 rows, none at 1-2 rows (where it only costs load slots), 32 as good as 16-64. */
 #define PREFETCH 32
 
-#define KERNEL(MB)                                                                                          \
-static void kernel##MB(const float* restrict x, const float* restrict panel, const float* restrict b,      \
+/* Weights stored as float32 (W32) or as IEEE float16 (W16: converted to float32 in registers with F16C, so a
+ * float16 panel gives the same bits as a float32 panel of the same, float16-representable, values). */
+#define LOAD_W32(ptr) _mm256_loadu_ps(ptr)
+#define LOAD_W16(ptr) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(ptr)))
+
+#define KERNEL(MB, WT, LOAD, SUFFIX)                                                                        \
+static void kernel##MB##SUFFIX(const float* restrict x, const WT* restrict panel, const float* restrict b, \
                        float* restrict y, int N, int K, int n0, int m0) {                                  \
     __m256 a0[MB], a1[MB];                                                                                 \
     _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) { a0[j] = _mm256_setzero_ps(); a1[j] = _mm256_setzero_ps(); } \
@@ -26,7 +31,7 @@ static void kernel##MB(const float* restrict x, const float* restrict panel, con
     for (int k = 0; k < K; k++) {                                                                          \
         /* from 3 rows on the FMAs hide less of the stream: fetch the panel PREFETCH lines ahead */          \
         if (MB > 2) _mm_prefetch((const char*)(panel + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0);         \
-        __m256 w0 = _mm256_loadu_ps(panel + 16 * (size_t)k), w1 = _mm256_loadu_ps(panel + 16 * (size_t)k + 8); \
+        __m256 w0 = LOAD(panel + 16 * (size_t)k), w1 = LOAD(panel + 16 * (size_t)k + 8);                   \
         _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) {                                             \
             __m256 xb = _mm256_broadcast_ss(xr + (size_t)j * K + k);                                       \
             a0[j] = _mm256_fmadd_ps(w0, xb, a0[j]);                                                        \
@@ -43,25 +48,32 @@ static void kernel##MB(const float* restrict x, const float* restrict panel, con
     }                                                                                                      \
 }
 
-KERNEL(1) KERNEL(2) KERNEL(3) KERNEL(4) KERNEL(5) KERNEL(6)
+KERNEL(1, float, LOAD_W32, _f32) KERNEL(2, float, LOAD_W32, _f32) KERNEL(3, float, LOAD_W32, _f32)
+KERNEL(4, float, LOAD_W32, _f32) KERNEL(5, float, LOAD_W32, _f32) KERNEL(6, float, LOAD_W32, _f32)
+KERNEL(1, unsigned short, LOAD_W16, _f16) KERNEL(2, unsigned short, LOAD_W16, _f16) KERNEL(3, unsigned short, LOAD_W16, _f16)
+KERNEL(4, unsigned short, LOAD_W16, _f16) KERNEL(5, unsigned short, LOAD_W16, _f16) KERNEL(6, unsigned short, LOAD_W16, _f16)
 
-/* x [M, K], P [N/16][K][16], b [N] or NULL, y [M, N]: all float32, contiguous.  Returns 0, or 1 when
- * N is not a multiple of 16 (nothing written). */
-int panel_linear(const float* x, const float* P, const float* b, float* y, int M, int N, int K, int threads) {
-    if (N % 16 != 0 || M < 0 || K < 0) return 1;
-    int panels = N / 16;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int p = 0; p < panels; p++) {
-        const float* panel = P + (size_t)p * K * 16;
-        int n0 = 16 * p, m0 = 0;
-        for (; m0 + 6 <= M; m0 += 6) kernel6(x, panel, b, y, N, K, n0, m0);
-        switch (M - m0) {
-            case 5: kernel5(x, panel, b, y, N, K, n0, m0); break;
-            case 4: kernel4(x, panel, b, y, N, K, n0, m0); break;
-            case 3: kernel3(x, panel, b, y, N, K, n0, m0); break;
-            case 2: kernel2(x, panel, b, y, N, K, n0, m0); break;
-            case 1: kernel1(x, panel, b, y, N, K, n0, m0); break;
-        }
-    }
-    return 0;
+/* x [M, K], P [N/16][K][16], b [N] or NULL, y [M, N]: x, b, y float32, P float32 (panel_linear) or float16
+ * bits (panel_linear_f16), all contiguous.  Returns 0, or 1 when N is not a multiple of 16 (nothing written). */
+#define PANEL_LINEAR(NAME, WT, SUFFIX)                                                                      \
+int NAME(const float* x, const WT* P, const float* b, float* y, int M, int N, int K, int threads) {         \
+    if (N % 16 != 0 || M < 0 || K < 0) return 1;                                                           \
+    int panels = N / 16;                                                                                   \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
+    for (int p = 0; p < panels; p++) {                                                                     \
+        const WT* panel = P + (size_t)p * K * 16;                                                          \
+        int n0 = 16 * p, m0 = 0;                                                                           \
+        for (; m0 + 6 <= M; m0 += 6) kernel6##SUFFIX(x, panel, b, y, N, K, n0, m0);                        \
+        switch (M - m0) {                                                                                  \
+            case 5: kernel5##SUFFIX(x, panel, b, y, N, K, n0, m0); break;                                  \
+            case 4: kernel4##SUFFIX(x, panel, b, y, N, K, n0, m0); break;                                  \
+            case 3: kernel3##SUFFIX(x, panel, b, y, N, K, n0, m0); break;                                  \
+            case 2: kernel2##SUFFIX(x, panel, b, y, N, K, n0, m0); break;                                  \
+            case 1: kernel1##SUFFIX(x, panel, b, y, N, K, n0, m0); break;                                  \
+        }                                                                                                  \
+    }                                                                                                      \
+    return 0;                                                                                              \
 }
+
+PANEL_LINEAR(panel_linear, float, _f32)
+PANEL_LINEAR(panel_linear_f16, unsigned short, _f16)
