@@ -333,6 +333,25 @@ def test_a_sweep_on_the_lean_forward_has_its_own_cells_and_the_same_greedy_token
         assert [g["text"] for g in rec["generations"]] == [g["text"] for g in twin[0]["generations"]]  # T = 0
 
 
+@pytest.mark.skipif(not _panels_ok(), reason="the panel kernel needs AVX2, FMA and a C compiler")
+def test_a_draft_on_float16_panels_is_its_own_pair(tmp_path: Path) -> None:
+    from mdv.sweep.config import LinearsKind, models_label
+    from mdv.sweep.model_sets import load_models
+
+    cfg = tiny_config(tmp_path, **{"dataset.names": ["gsm8k"], "method.names": ["sd"], "models.linears": LinearsKind.panels,
+                                   "models.draft_panel_dtype": "float16"})
+    assert models_label(cfg.models) == "tiny_random-s0+panels+draft_f16"
+    sweep.reset_model_cache()
+    try:
+        assert len(run(cfg).ok) == 1
+        pair = load_models(cfg.models)
+        assert [p.dtype for p in pair.panels] == [torch.float32, torch.float16]  # the target's panels stay float32
+    finally:
+        sweep.reset_model_cache()
+    with pytest.raises(InvalidInputError, match="models.draft_panel_dtype must be float32 or float16; got 'int8'"):
+        run(tiny_config(tmp_path / "bad", **{"models.draft_panel_dtype": "int8"}))
+
+
 def test_panel_linears_on_bfloat16_fail_before_any_work(tmp_path: Path) -> None:
     from mdv.sweep.config import LinearsKind
 

@@ -183,6 +183,8 @@ class ModelsGroup:
     (``hub``).  device: null = CUDA when available, else CPU.  The ``tiny_random`` fields build the
     tiny pair (deterministic from ``seed``).  linears: ``panels`` runs the pair's linears on weight panels
     (:mod:`mdv.models.panels`) for the whole process: the same law up to float32 rounding, faster passes.
+    draft_panel_dtype: with ``linears=panels``, ``float16`` holds the draft's panels in float16 (half its bytes
+    per step; lossless, since q stays the exact law of the draft tokens; the target's stay float32).
     forward: ``lean`` runs the decoding sessions on :mod:`mdv.models.lean` (Llama-like decoders; the same law
     up to float32 rounding, less per-layer overhead), ``hf`` on transformers' forward.
     """
@@ -200,6 +202,7 @@ class ModelsGroup:
     logit_scale: float = 30.0
     draft_noise: float = 0.3
     linears: LinearsKind = LinearsKind.plain
+    draft_panel_dtype: str = "float32"
     forward: ForwardKind = ForwardKind.hf
 
 
@@ -311,6 +314,8 @@ def validate(cfg: RunConfig) -> None:
         ok, why = panel_kernel_status()
         if not ok:
             raise InvalidInputError(f"models.linears=panels: {why} (models.linears=plain)")
+    if cfg.models.draft_panel_dtype not in ("float32", "float16"):
+        raise InvalidInputError(f"models.draft_panel_dtype must be float32 or float16; got {cfg.models.draft_panel_dtype!r}")
     if cfg.threads is not None and (not _is_int(cfg.threads) or cfg.threads < 1):
         raise InvalidInputError(f"threads must be null or an integer >= 1; got {cfg.threads}")
     kind = ModelKind(enum_value(cfg.models.kind))
@@ -325,7 +330,7 @@ def models_label(m: ModelsGroup) -> str:
     an AR cell's time with a cell's on other code)."""
     label = str(m.name)
     if LinearsKind(enum_value(m.linears)) == LinearsKind.panels:
-        label += "+panels"
+        label += "+panels" + ("+draft_f16" if getattr(m, "draft_panel_dtype", "float32") == "float16" else "")
     if ForwardKind(enum_value(getattr(m, "forward", ForwardKind.hf))) == ForwardKind.lean:
         label += "+lean"
     return label

@@ -99,9 +99,9 @@ def load_models(m: ModelsGroup) -> LoadedModels:
     if LinearsKind(enum_value(m.linears)) == LinearsKind.panels:
         from mdv.models.panels import PanelPacks
 
-        for model in (target, draft):  # left by reset_model_cache
-            panels.append(PanelPacks(model.model).__enter__())
-            model.name = f"{model.name} [linears on weight panels]"
+        for model, dtype in ((target, torch.float32), (draft, getattr(torch, m.draft_panel_dtype))):
+            panels.append(PanelPacks(model.model, dtype=dtype).__enter__())  # left by reset_model_cache
+            model.name = f"{model.name} [linears on {'float16 ' if dtype == torch.float16 else ''}weight panels]"
     if ForwardKind(enum_value(m.forward)) == ForwardKind.lean:
         from mdv.models.lean import LeanModel
 
