@@ -341,12 +341,9 @@ class HFSession(CacheSessionBase):
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Process a prompt in the single row (no scores returned)."""
-        self._check_prefill()
-        if len(tokens) == 0:
-            return
-        ids = torch.tensor([list(map(int, tokens))], dtype=torch.long)
-        self.hf._check_ids(ids)
-        self._run(ids, last_only=True)
+        ids = self._prompt_ids(tokens)
+        if ids is not None:
+            self._run(ids, last_only=True)
 
     def extend(self, tokens: Tensor) -> Tensor:
         """tokens: [R, n] -> logits [R, n, V] after each new token (the model's dtype and device)."""

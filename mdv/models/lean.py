@@ -228,12 +228,9 @@ class LeanSession(CacheSessionBase):
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Process a prompt in the single row (no scores returned)."""
-        self._check_prefill()
-        if len(tokens) == 0:
-            return
-        ids = torch.tensor([list(map(int, tokens))], dtype=torch.long)
-        self.hf._check_ids(ids)
-        self._forward(ids.to(self._device), self._positions(1, ids.shape[1]), None, last_only=True)
+        ids = self._prompt_ids(tokens)
+        if ids is not None:
+            self._forward(ids.to(self._device), self._positions(1, ids.shape[1]), None, last_only=True)
 
     def extend(self, tokens: Tensor) -> Tensor:
         """tokens: [R, n] -> logits [R, n, V] after each new token."""

@@ -110,10 +110,17 @@ class CacheSessionBase:
     def device(self) -> torch.device:
         return self._device
 
-    def _check_prefill(self) -> None:
+    def _prompt_ids(self, tokens: Sequence[int]) -> Tensor | None:
+        """``prefill``'s checks, then the prompt as ids [1, n] (None for an empty prompt: nothing to do).
+        Subclasses have ``hf`` (the :class:`~mdv.models.hf.HFModel`, which checks the ids' range)."""
         check_no_tree("prefill", self._tree)
         if self._rows != 1:
             raise InvalidInputError(f"prefill() needs a single row; the session has {self._rows}")
+        if len(tokens) == 0:
+            return None
+        ids = torch.tensor([list(map(int, tokens))], dtype=torch.long)
+        self.hf._check_ids(ids)  # type: ignore[attr-defined]
+        return ids
 
     def _check_extend(self, tokens: Tensor) -> None:
         check_no_tree("extend", self._tree)
