@@ -108,8 +108,11 @@ def plot_e2e_speedup(rec: Record, path: Path) -> str:
         for i, (m, K) in enumerate(keys):
             rs = sorted(lines[(m, K)], key=lambda r: r["L"])
             dodge = 1.0 + 0.012 * (i - (len(keys) - 1) / 2)  # keep the error bars of one L apart (log x)
+            # the lean forward's line has hollow markers: same method colour, told apart from its panels twin
+            hollow = {"markerfacecolor": "white"} if " lean" in m else {}
             _errbar(ax, [r["L"] * dodge for r in rs], [r["speedup"] for r in rs], color=_color(m),
-                    linestyle="-" if K > 1 else "--", marker=markers[Ks.index(K) % len(markers)], label=f"{m} K={K}")
+                    linestyle="-" if K > 1 else "--", marker=markers[Ks.index(K) % len(markers)], label=f"{m} K={K}",
+                    **hollow)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         Ls = sorted({r["L"] for rs in lines.values() for r in rs})
         ax.set_xscale("log", base=2)
@@ -125,7 +128,7 @@ def plot_e2e_speedup(rec: Record, path: Path) -> str:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     n_lines = len(handles)
-    fig.suptitle(f"end-to-end speedup vs L (dashed: K=1)\n{rec.summary.get('target') or 'target'} +"
+    fig.suptitle(f"end-to-end speedup vs L (dashed: K=1; hollow markers: the lean forward)\n{rec.summary.get('target') or 'target'} +"
                  f" {rec.summary.get('draft') or 'draft'}", fontsize=9)
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(n_lines, 5), fontsize=8,
                frameon=False)
