@@ -456,6 +456,9 @@ def test_e2e_draft_panels_in_float16(tiny_pair, tmp_path, monkeypatch) -> None:
     with pytest.raises(InvalidInputError, match="e2e.draft_panel_dtype must be float32 or float16; got 'bfloat16'"):
         bench.run_e2e(E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=4, panels=True,
                                draft_panel_dtype="bfloat16"), pair=tiny_pair)
+    with pytest.raises(InvalidInputError, match="draft_panel_dtype=float16 .*: set e2e.panels=true"):
+        bench.run_e2e(E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=4,
+                               draft_panel_dtype="float16"), pair=tiny_pair)
 
 
 def test_hf_compare_benchmark_tiny(tmp_path) -> None:

@@ -350,6 +350,9 @@ def test_a_draft_on_float16_panels_is_its_own_pair(tmp_path: Path) -> None:
         sweep.reset_model_cache()
     with pytest.raises(InvalidInputError, match="models.draft_panel_dtype must be float32 or float16; got 'int8'"):
         run(tiny_config(tmp_path / "bad", **{"models.draft_panel_dtype": "int8"}))
+    with pytest.raises(InvalidInputError, match="draft_panel_dtype=float16 .*: set models.linears=panels"):
+        run(tiny_config(tmp_path / "bad", **{"models.draft_panel_dtype": "float16"}))
+    assert not (tmp_path / "bad").exists()
 
 
 def test_panel_linears_on_bfloat16_fail_before_any_work(tmp_path: Path) -> None:

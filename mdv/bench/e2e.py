@@ -57,7 +57,7 @@ def variant_forward(variant: str) -> str:
 
 
 def _e2e_cells(cfg: E2EBench) -> list[Cell]:
-    """(method, K, L, drafter, linears) in run order: AR first (no K, L or drafter), then every drafter x
+    """(method, K, L, drafter, variant) in run order: AR first (no K, L or drafter), then every drafter x
     method; every cell plain, then packed (``cfg.packed``), on panels (``cfg.panels``), then lean (``cfg.lean``)."""
     from mdv.verify.registry import VERIFIERS
 
@@ -73,12 +73,15 @@ def _e2e_cells(cfg: E2EBench) -> list[Cell]:
     return [(*c, v) for c in plain for v in variants]
 
 
-def check_draft_panel_dtype(name: str) -> Any:
-    """The torch dtype of ``e2e.draft_panel_dtype`` ("float32" or "float16"), or one clear error."""
+def check_draft_panel_dtype(name: str, panels: bool) -> Any:
+    """The torch dtype of ``e2e.draft_panel_dtype`` ("float32" or "float16"), or one clear error (also when
+    float16 is asked for without panels, where it would change nothing)."""
     import torch
 
     if name not in ("float32", "float16"):
         raise InvalidInputError(f"e2e.draft_panel_dtype must be float32 or float16; got {name!r}")
+    if name == "float16" and not panels:
+        raise InvalidInputError("e2e.draft_panel_dtype=float16 holds the draft's panels in float16: set e2e.panels=true")
     return getattr(torch, name)
 
 
@@ -154,7 +157,7 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
         from mdv.models.packed import check_packable, float32_cpu_linears
 
         (check_packable if cfg.packed else float32_cpu_linears)(target.model)
-    draft_panel_dtype = check_draft_panel_dtype(cfg.draft_panel_dtype)
+    draft_panel_dtype = check_draft_panel_dtype(cfg.draft_panel_dtype, bool(cfg.panels))
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     cells = _e2e_cells(cfg)
     results: list[dict[str, Any]] = []

@@ -316,6 +316,8 @@ def validate(cfg: RunConfig) -> None:
             raise InvalidInputError(f"models.linears=panels: {why} (models.linears=plain)")
     if cfg.models.draft_panel_dtype not in ("float32", "float16"):
         raise InvalidInputError(f"models.draft_panel_dtype must be float32 or float16; got {cfg.models.draft_panel_dtype!r}")
+    if cfg.models.draft_panel_dtype == "float16" and LinearsKind(enum_value(cfg.models.linears)) != LinearsKind.panels:
+        raise InvalidInputError("models.draft_panel_dtype=float16 holds the draft's panels in float16: set models.linears=panels")
     if cfg.threads is not None and (not _is_int(cfg.threads) or cfg.threads < 1):
         raise InvalidInputError(f"threads must be null or an integer >= 1; got {cfg.threads}")
     kind = ModelKind(enum_value(cfg.models.kind))
