@@ -279,3 +279,83 @@ def test_a_draft_on_float16_panels_keeps_t0_equal_to_ar_greedy(tiny_pair) -> Non
 def test_panels_refuse_other_weight_dtypes(tiny_pair) -> None:
     with pytest.raises(InvalidInputError, match="panels hold float32 or float16 weights; got dtype=torch.bfloat16"):
         PanelPacks(tiny_pair[1].model, dtype=torch.bfloat16)
+
+
+class _Attention(torch.nn.Module):
+    """q, k, v siblings of one parent, as in a Llama attention block (widths whole panels)."""
+
+    def __init__(self, d: int, widths: tuple[int, int, int], bias: bool) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(d, w, bias=bias) for w in widths)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7])
+def test_siblings_share_one_stream_and_their_fused_product_has_each_members_bits(rows: int, bias: bool) -> None:
+    torch.manual_seed(rows)
+    attn = _Attention(40, (48, 20, 32), bias)  # k's 20 outputs pad to 2 panels
+    pp = PanelPacks(attn)
+    fused = pp._siblings[attn][panels.SIBLING_GROUPS[0]][0]
+    assert pp.sibling_groups == 1 and pp.pack_bytes == 40 * 112 * 4  # the members' slices: no second copy
+    x = torch.randn(rows, 40)
+    with torch.inference_mode(), pp:
+        members = [m._mdv_panels for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        assert [p.data_ptr() for p in members] == [fused.data_ptr() + i * 40 * PANEL * 4 for i in (0, 3, 5)]
+        own = [m(x) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        got = panels.sibling_product(attn, panels.SIBLING_GROUPS[0], x)
+        assert got is not None and all(torch.equal(g, o) for g, o in zip(got, own))
+        assert panels.sibling_product(attn, panels.SIBLING_GROUPS[1], x) is None  # no gate/up here
+        want = [F.linear(x.double(), m.weight.double(), None if m.bias is None else m.bias.double())
+                for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        assert all((g.double() - w).abs().max() < 1e-5 for g, w in zip(got, want))
+    assert "_mdv_siblings" not in attn.__dict__  # left as it was
+    assert panels.sibling_product(attn, panels.SIBLING_GROUPS[0], x) is None  # outside the block: the caller's forwards
+
+
+def test_siblings_that_cannot_share_a_stream_are_packed_alone() -> None:
+    tied = _Attention(32, (32, 32, 32), bias=False)
+    tied.v_proj.weight = tied.k_proj.weight
+    mixed = _Attention(32, (32, 32, 32), bias=False)
+    mixed.k_proj = torch.nn.Linear(32, 32, bias=True)
+    for attn in (tied, mixed):
+        pp = PanelPacks(attn)
+        assert pp.sibling_groups == 0
+        with torch.inference_mode(), pp:
+            assert panels.sibling_product(attn, panels.SIBLING_GROUPS[0], torch.randn(2, 32)) is None
+
+
+def test_a_stale_sibling_falls_back_to_its_own_forward_which_refuses() -> None:
+    attn = _Attention(32, (32, 16, 16), bias=False)
+    pp = PanelPacks(attn)
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(2.0)
+        with pp:
+            assert panels.sibling_product(attn, panels.SIBLING_GROUPS[0], torch.randn(2, 32)) is None
+            with pytest.raises(InvalidInputError, match="stale"):
+                attn.k_proj(torch.randn(2, 32))
+
+
+def test_the_lean_forward_runs_siblings_in_one_call_with_the_same_bits(tiny_pair, kernel_calls: list[int],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from mdv.models.lean import LeanModel
+
+    target = tiny_pair[0]
+    lean = LeanModel.of(target)
+    layers = target.model.config.num_hidden_layers
+    tokens = torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    pp = PanelPacks(target.model)
+    assert pp.sibling_groups == 2 * layers
+
+    def pass_logits() -> torch.Tensor:
+        s = lean.new_session()
+        s.prefill(tokens[:-3])
+        kernel_calls.clear()
+        return s.extend(torch.tensor([tokens[-3:]]))
+
+    with pp:
+        fused = pass_logits()
+        assert len(kernel_calls) == 4 * layers + 1  # qkv, o, gate+up, down per layer, and the head
+        monkeypatch.setattr("mdv.models.lean.sibling_product", lambda *a: None)  # every linear on its own
+        alone = pass_logits()
+        assert len(kernel_calls) == 7 * layers + 1
+    assert torch.equal(fused, alone)

@@ -21,7 +21,9 @@ For n = 1 the G query heads of each key/value head are attention rows of one hea
 ``pack_gqa``); for n > 1 a causal (or token-tree) boolean mask over the cache is passed.
 
 The linears are called through each module's ``forward``, so :class:`~mdv.models.panels.PanelPacks` and
-:class:`~mdv.models.packed.LinearPacks` apply unchanged (enter them on the same model).
+:class:`~mdv.models.packed.LinearPacks` apply unchanged (enter them on the same model).  On PanelPacks the
+siblings that read one input (q, k, v; gate, up) run as one kernel call on their fused stream
+(:func:`~mdv.models.panels.sibling_product`; the same bits as three or two calls).
 
 The cache is one tensor [layers, 2, R, H_kv, capacity, D]; the session operations are views and slices
 of it: ``crop`` sets the length, ``keep`` takes a row view, ``fork`` copies the filled prefix k times,
@@ -43,11 +45,13 @@ from torch import Tensor
 
 from mdv.errors import InvalidInputError
 from mdv.models.hf import HFModel, decoder_stack
+from mdv.models.panels import SIBLING_GROUPS, sibling_product
 from mdv.models.session import CacheSessionBase, check_tree_start
 from mdv.models.tree import TokenTree
 
 #: decoder layer classes whose forward is exactly the pre-norm Llama layer this module reproduces
 LEAN_LAYERS = ("LlamaDecoderLayer",)
+_QKV, _GATE_UP = SIBLING_GROUPS
 #: cached tokens a fresh session has room for before it first grows (doubling)
 _INITIAL_CAPACITY = 256
 
@@ -201,9 +205,9 @@ class LeanSession(CacheSessionBase):
         for i, layer in enumerate(self._layers):
             attn, mlp = layer.self_attn, layer.mlp
             a = _rms_norm(layer.input_layernorm, x)
-            q = attn.q_proj.forward(a).view(R, n, H, D)
-            k = attn.k_proj.forward(a).view(R, n, Hkv, D)
-            v = attn.v_proj.forward(a).view(R, n, Hkv, D)
+            qkv = sibling_product(attn, _QKV, a)  # one call on PanelPacks' fused stream, else None
+            q, k, v = qkv if qkv is not None else (attn.q_proj.forward(a), attn.k_proj.forward(a), attn.v_proj.forward(a))
+            q, k, v = q.view(R, n, H, D), k.view(R, n, Hkv, D), v.view(R, n, Hkv, D)
             q = q * cos + torch.cat((q[..., half:], q[..., :half]), -1) * sin_signed
             k = k * cos + torch.cat((k[..., half:], k[..., :half]), -1) * sin_signed
             keys, values = kv[i, 0], kv[i, 1]  # [R, H_kv, capacity, D]
@@ -216,7 +220,9 @@ class LeanSession(CacheSessionBase):
             o = o.view(R, Hkv, G, n, D).permute(0, 3, 1, 2, 4).reshape(R, n, H * D)
             x = x + attn.o_proj.forward(o)
             b = _rms_norm(layer.post_attention_layernorm, x)
-            x = x + mlp.down_proj.forward(F.silu(mlp.gate_proj.forward(b)) * mlp.up_proj.forward(b))
+            gate_up = sibling_product(mlp, _GATE_UP, b)
+            gate, up = gate_up if gate_up is not None else (mlp.gate_proj.forward(b), mlp.up_proj.forward(b))
+            x = x + mlp.down_proj.forward(F.silu(gate) * up)
         self._length = S + n
         self.last_features = x if self.record_features else None
         h = _rms_norm(self._dec.norm, x[:, -1:] if last_only else x)

@@ -59,6 +59,11 @@ _FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 #: in float16, and rounded to float16 otherwise)
 PANEL_DTYPES = (torch.float32, torch.float16)
 _KERNEL_NAMES = {torch.float32: "panel_linear", torch.float16: "panel_linear_f16"}
+#: sibling linears of one parent that read the same input in Llama-style decoders (attention's q, k, v; the
+#: MLP's gate and up): PanelPacks packs each group as one panel stream, so a caller that knows they share
+#: their input (the lean forward) runs them in one kernel call (:func:`sibling_product`); each layer keeps
+#: its own forward on its slice of the stream
+SIBLING_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def _compiler() -> str | None:
@@ -158,7 +163,9 @@ def panel_linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: i
                 rows, n_pad, k, torch.get_num_threads())
     if rc != 0:  # pack_panels always pads to whole panels; this is a bug, not bad input
         raise RuntimeError(f"panel_linear kernel refused N = {n_pad} (not a multiple of {PANEL})")
-    return y[:, :out_features].reshape(*lead, out_features)
+    if n_pad != out_features:
+        y = y[:, :out_features]
+    return y.reshape(*lead, out_features)
 
 
 def _version_of(t: Tensor) -> int | None:
@@ -195,6 +202,44 @@ def _panel_product(self: torch.nn.Module, x: Tensor) -> Tensor:
     return panel_linear(x, self._mdv_panels, self._mdv_panel_bias, weight.shape[0])
 
 
+def _sibling_groups(model: torch.nn.Module) -> list[tuple[torch.nn.Module, tuple[str, ...], list[torch.nn.Linear]]]:
+    """(parent, names, layers) for every :data:`SIBLING_GROUPS` group whose members are all ``nn.Linear``
+    children of one parent with the same input width, biases on all or none, and weights shared with no
+    other layer."""
+    counts: dict[int, int] = {}
+    for m, attr in panel_layers(model):
+        counts[id(getattr(m, attr))] = counts.get(id(getattr(m, attr)), 0) + 1
+    out = []
+    for parent in model.modules():
+        for names in SIBLING_GROUPS:
+            layers = [getattr(parent, n, None) for n in names]
+            if not all(type(m) is torch.nn.Linear for m in layers):
+                continue
+            if (len({m.in_features for m in layers}) == 1 and len({m.bias is None for m in layers}) == 1 and all(counts[id(m.weight)] == 1 for m in layers)):
+                out.append((parent, names, layers))
+    return out
+
+
+def sibling_product(parent: torch.nn.Module, names: tuple[str, ...], x: Tensor) -> tuple[Tensor, ...] | None:
+    """``(x · W₁ᵀ, x · W₂ᵀ, ...)`` for the sibling linears ``names`` of ``parent`` in one kernel call on their
+    fused panels, when PanelPacks holds them as a group (:data:`SIBLING_GROUPS`) and ``x`` takes the panel
+    path; else None (the caller runs each layer's own forward).  The stream is the members' own panels one
+    after the other (each padded to whole panels), so the outputs, column slices of one product, equal the
+    members' own panel products bit for bit."""
+    groups = parent.__dict__.get("_mdv_siblings")
+    group = groups.get(names) if groups else None
+    if group is None or x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled() and x.requires_grad:
+        return None
+    panels, bias, layers, padded, widths = group
+    for m in layers:
+        if m._mdv_panel_version is not None and _version_of(m.weight) != m._mdv_panel_version:
+            return None  # the member's own forward raises the stale-weight error
+        if m.weight.requires_grad and torch.is_grad_enabled():
+            return None
+    y = panel_linear(x, panels, bias, panels.shape[0] * PANEL).split(padded, -1)
+    return tuple(t if w == n else t[..., :n] for t, w, n in zip(y, padded, widths))
+
+
 class PanelPacks(LinearForwards):
     """Every ``nn.Linear`` of ``model`` (and subset head, :func:`panel_layers`) on panel-packed weights;
     ``with panels:`` runs the model's linears on them (module docstring).  A weight shared by several layers
@@ -204,8 +249,11 @@ class PanelPacks(LinearForwards):
     bytes per pass; exact for float16-valued weights, rounded otherwise: for a draft, whose proposal law is
     whatever it computes, not for a target, whose law must stay its own).
 
+    Sibling linears that read one input (:data:`SIBLING_GROUPS`: q, k, v; gate, up) are packed as one stream
+    whose slices are the members' panels (no extra memory); :func:`sibling_product` runs a group in one call.
+
     Attributes: ``linears`` (how many layers), ``pack_bytes`` (the memory the panels hold), ``weight_bytes``
-    (the distinct packed weights), ``pack_seconds``, ``dtype``."""
+    (the distinct packed weights), ``pack_seconds``, ``dtype``, ``sibling_groups`` (how many groups)."""
 
     _attrs = ("_mdv_panels", "_mdv_panel_bias", "_mdv_panel_version", "_mdv_panel_weight")
 
@@ -218,25 +266,60 @@ class PanelPacks(LinearForwards):
         load_panel_kernel()  # compile (or fail) now, not in the middle of a pass
         t0 = time.perf_counter()
         by_weight: dict[int, Tensor] = {}
+        member_bias: dict[int, Tensor] = {}
+        #: parent module -> {names: (fused panels, fused bias or None, member layers, member widths)}
+        self._siblings: dict[torch.nn.Module, dict[tuple[str, ...], Any]] = {}
         with torch.no_grad():
+            for parent, names, group in _sibling_groups(model):  # one stream per group; members get slices
+                own = [pack_panels(m.weight, self.dtype) for m in group]
+                fused = torch.cat(own)  # [sum of members' panels, K, 16]
+                fused_bias = None
+                if group[0].bias is not None:  # each member's bias padded like its panels
+                    fused_bias = torch.zeros(fused.shape[0] * PANEL)
+                start = 0
+                for m, p in zip(group, own):
+                    stop = start + p.shape[0]
+                    by_weight[id(m.weight)] = fused[start:stop]
+                    if fused_bias is not None:
+                        fused_bias[start * PANEL:start * PANEL + m.out_features] = m.bias.detach()
+                        member_bias[id(m)] = fused_bias[start * PANEL:stop * PANEL]
+                    start = stop
+                self._siblings.setdefault(parent, {})[names] = (
+                    fused, fused_bias, group, [p.shape[0] * PANEL for p in own], [m.out_features for m in group])
             for m, attr in layers:
                 weight = getattr(m, attr)
                 panels = by_weight.get(id(weight))
                 if panels is None:
                     panels = by_weight[id(weight)] = pack_panels(weight, self.dtype)
-                bias = None
-                if attr == "weight" and m.bias is not None:
+                bias = member_bias.get(id(m))
+                if bias is None and attr == "weight" and m.bias is not None:
                     bias = torch.zeros(panels.shape[0] * PANEL)
                     bias[:weight.shape[0]] = m.bias.detach()
                 self._packs.append((m, (panels, bias, _version_of(weight), attr)))
         self.pack_seconds = time.perf_counter() - t0
         self.linears = len(layers)
+        self.sibling_groups = sum(len(g) for g in self._siblings.values())
         distinct = {id(getattr(m, a)): getattr(m, a) for m, a in layers}
         self.weight_bytes = sum(w.numel() * w.element_size() for w in distinct.values())
         self.pack_bytes = sum(p.numel() * p.element_size() for p in by_weight.values())
 
     def _method(self, m: torch.nn.Module) -> str:
         return "forward" if type(m) is torch.nn.Linear else "project"
+
+    def __enter__(self) -> "PanelPacks":
+        super().__enter__()
+        for parent, groups in self._siblings.items():
+            parent._mdv_siblings = groups
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        for parent in self._siblings:
+            parent.__dict__.pop("_mdv_siblings", None)
+
+    def free(self) -> None:
+        super().free()
+        self._siblings = {}
 
     def _install(self, m: torch.nn.Module, pack: Any) -> None:
         m._mdv_panels, m._mdv_panel_bias, m._mdv_panel_version, m._mdv_panel_weight = pack
