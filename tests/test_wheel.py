@@ -60,7 +60,7 @@ def test_the_wheel_ships_the_configs_the_draft_and_the_kernel_source(venv: Path,
             " print(json.dumps([str(root), (root / 'conf' / 'config.yaml').is_file(),"
             " (root / 'conf' / 'hydra' / 'launcher' / 'slurm.yaml').is_file(),"
             " any((root / 'assets_data').glob('*.safetensors')),"
-            " (root / 'models' / 'kernels' / 'panel_linear.c').is_file()]))")
+            " all((root / 'models' / 'kernels' / c).is_file() for c in ('panel_linear.c', 'lean_layer.c'))]))")
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr

@@ -23,7 +23,9 @@ For n = 1 the G query heads of each key/value head are attention rows of one hea
 The linears are called through each module's ``forward``, so :class:`~mdv.models.panels.PanelPacks` and
 :class:`~mdv.models.packed.LinearPacks` apply unchanged (enter them on the same model).  On PanelPacks the
 siblings that read one input (q, k, v; gate, up) run as one kernel call on their fused stream
-(:func:`~mdv.models.panels.sibling_product`; the same bits as three or two calls).
+(:func:`~mdv.models.panels.sibling_product`; the same bits as three or two calls), and when every layer is
+on fused panels the whole layer runs in one C call instead (:mod:`mdv.models.lean_layer`; the loop below
+is its reference, equal up to float32 rounding).
 
 The cache is one tensor [layers, 2, R, H_kv, capacity, D]; the session operations are views and slices
 of it: ``crop`` sets the length, ``keep`` takes a row view, ``fork`` copies the filled prefix k times,
@@ -45,6 +47,7 @@ from torch import Tensor
 
 from mdv.errors import InvalidInputError
 from mdv.models.hf import HFModel, decoder_stack
+from mdv.models.lean_layer import LayerPlan, layer_plan, run_layers
 from mdv.models.panels import SIBLING_GROUPS, sibling_product
 from mdv.models.session import CacheSessionBase, check_tree_start
 from mdv.models.tree import TokenTree
@@ -145,6 +148,7 @@ class LeanSession(CacheSessionBase):
         self._rows = 1
         self._length = 0
         self._tree: TokenTree | None = None
+        self._c_plan: LayerPlan | None = None  # the C layers' structs for the PanelPacks block in use
         #: as HFSession: every pass keeps the last decoder layer's output [R, n, d] in ``last_features``
         self.record_features = False
         self.last_features: Tensor | None = None
@@ -200,9 +204,14 @@ class LeanSession(CacheSessionBase):
             mask = torch.ones(n, S + n, dtype=torch.bool, device=self._device).tril_(S)
         else:
             mask = allowed[0, 0]  # [n, S + n]
-        if mask is not None and G > 1:  # queries packed as G·n rows per key/value head (head-major within a group)
+        plan = None
+        if x.dtype == torch.float32 and x.device.type == "cpu":  # every layer on fused panels: one C call each
+            plan = self._c_plan = layer_plan(self._layers, H, Hkv, D, self._scale, self._c_plan)
+        if plan is not None:
+            x = run_layers(plan, x, cos[:, :, 0], sin, mask, kv, S)
+        elif mask is not None and G > 1:  # queries packed as G·n rows per key/value head (head-major within a group)
             mask = mask.repeat(G, 1)  # [G·n, S + n]
-        for i, layer in enumerate(self._layers):
+        for i, layer in enumerate(self._layers if plan is None else ()):
             attn, mlp = layer.self_attn, layer.mlp
             a = _rms_norm(layer.input_layernorm, x)
             qkv = sibling_product(attn, _QKV, a)  # one call on PanelPacks' fused stream, else None

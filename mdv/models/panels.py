@@ -52,7 +52,9 @@ from mdv.errors import InvalidInputError
 from mdv.models.packed import LinearForwards, check_float32_cpu, float32_cpu_linears
 
 PANEL = 16  # output columns per panel: two AVX2 registers of float32
-_SOURCE = Path(__file__).with_name("kernels") / "panel_linear.c"
+#: the C sources of mdv's kernel library: the panel products, and the lean forward's decoder layer
+#: (mdv.models.lean), which calls them; compiled together into one shared library
+_SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("panel_linear.c", "lean_layer.c"))
 _FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 #: the weight dtypes a panel pack can hold: float32 (the weights as they are) or float16 (half the bytes to
 #: stream; the same bits as float32 panels for weights that are float16 values already, e.g. a draft shipped
@@ -94,15 +96,14 @@ def panel_kernel_status() -> tuple[bool, str]:
 def _kernel_path(cc: str) -> Path:
     from mdv.assets.cache import cache_dir
 
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"panel_linear-{key}.so"
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in _SOURCES) + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"mdv_kernels-{key}.so"
 
 
 @functools.lru_cache(maxsize=1)
-def load_panel_kernel() -> dict[torch.dtype, Any]:
-    """The compiled kernel's functions by panel weight dtype (``panel_linear`` for float32 panels,
-    ``panel_linear_f16`` for float16 ones; compiled on first use, module docstring), or one clear
-    :class:`InvalidInputError` saying why they cannot be."""
+def load_kernel_library() -> ctypes.CDLL:
+    """mdv's compiled kernel library (compiled on first use, module docstring), or one clear
+    :class:`InvalidInputError` saying why it cannot be."""
     ok, why = panel_kernel_status()
     if not ok:
         raise InvalidInputError(why)
@@ -112,14 +113,21 @@ def load_panel_kernel() -> dict[torch.dtype, Any]:
     if not so.exists():
         so.parent.mkdir(parents=True, exist_ok=True)
         tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
-        proc = subprocess.run([cc, *_FLAGS, str(_SOURCE), "-o", str(tmp)], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([cc, *_FLAGS, *map(str, _SOURCES), "-o", str(tmp)], capture_output=True, text=True, timeout=300)
         if proc.returncode != 0 or not tmp.exists():
             tmp.unlink(missing_ok=True)
             first = (proc.stderr or proc.stdout).strip().splitlines()
             raise InvalidInputError(f"compiling the panel kernel with {cc} failed ({first[0] if first else 'no output'});"
                                     " run without panels, or set CC to a compiler that accepts -mavx2 -mfma -mf16c -fopenmp")
         os.replace(tmp, so)  # atomic: another process sees the old file or the whole new one
-    lib = ctypes.CDLL(str(so))
+    return ctypes.CDLL(str(so))
+
+
+@functools.lru_cache(maxsize=1)
+def load_panel_kernel() -> dict[torch.dtype, Any]:
+    """The compiled kernel's functions by panel weight dtype (``panel_linear`` for float32 panels,
+    ``panel_linear_f16`` for float16 ones), or one clear :class:`InvalidInputError` saying why they cannot be."""
+    lib = load_kernel_library()
     kernels: dict[torch.dtype, Any] = {}
     for dtype, name in _KERNEL_NAMES.items():
         fn = getattr(lib, name)
