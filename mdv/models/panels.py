@@ -223,7 +223,8 @@ def _sibling_groups(model: torch.nn.Module) -> list[tuple[torch.nn.Module, tuple
             layers = [getattr(parent, n, None) for n in names]
             if not all(type(m) is torch.nn.Linear for m in layers):
                 continue
-            if (len({m.in_features for m in layers}) == 1 and len({m.bias is None for m in layers}) == 1 and all(counts[id(m.weight)] == 1 for m in layers)):
+            if (len({m.in_features for m in layers}) == 1 and len({m.bias is None for m in layers}) == 1
+                    and all(counts[id(m.weight)] == 1 for m in layers)):
                 out.append((parent, names, layers))
     return out
 
@@ -275,7 +276,8 @@ class PanelPacks(LinearForwards):
         t0 = time.perf_counter()
         by_weight: dict[int, Tensor] = {}
         member_bias: dict[int, Tensor] = {}
-        #: parent module -> {names: (fused panels, fused bias or None, member layers, member widths)}
+        #: parent module -> {names: (fused panels, fused bias or None, member layers, member widths padded to
+        #: whole panels, member widths)}
         self._siblings: dict[torch.nn.Module, dict[tuple[str, ...], Any]] = {}
         with torch.no_grad():
             for parent, names, group in _sibling_groups(model):  # one stream per group; members get slices
