@@ -36,8 +36,17 @@ static int linear(int f16, const float* x, const void* P, const float* b, float*
 static void rms_norm(const float* x, const float* w, float eps, float* out, int T, int d) {
     for (int t = 0; t < T; t++) {
         const float* z = x + (size_t)t * d;
-        double ss = 0.0;
-        for (int i = 0; i < d; i++) ss += (double)z[i] * z[i];
+        __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd();  /* sum of squares in double, 8 at a time */
+        int i = 0;
+        for (; i + 8 <= d; i += 8) {
+            __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(z + i)), hi = _mm256_cvtps_pd(_mm_loadu_ps(z + i + 4));
+            a = _mm256_fmadd_pd(lo, lo, a);
+            b = _mm256_fmadd_pd(hi, hi, b);
+        }
+        double lanes[4];
+        _mm256_storeu_pd(lanes, _mm256_add_pd(a, b));
+        double ss = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+        for (; i < d; i++) ss += (double)z[i] * z[i];
         float r = 1.0f / sqrtf((float)(ss / d) + eps);
         float* o = out + (size_t)t * d;
         for (int i = 0; i < d; i++) o[i] = w[i] * (z[i] * r);
@@ -106,21 +115,42 @@ static void silu_mul(float* restrict m, const float* restrict g, const float* re
     for (; i < N; i++) m[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-/* o [D] = sum_j (e_j * inv) v_j over the keys with e_j > 0 (8 columns at a time when D % 8 == 0) */
+/* o [D] = sum_j (e_j * inv) v_j over the keys with e_j > 0, in key order for every column: 64 columns at a time
+ * in 8 registers when D % 8 == 0 (the column blocks are independent FMA chains), else one column at a time */
 static void accumulate_values(float* restrict o, const float* restrict e, float inv, const float* restrict v,
                               int keys, int D) {
-    for (int i = 0; i < D; i++) o[i] = 0.0f;
-    for (int j = 0; j < keys; j++) {
-        float p = e[j] * inv;
-        if (p == 0.0f) continue;
-        const float* vj = v + (size_t)j * D;
-        if (D % 8 == 0) {
-            __m256 pb = _mm256_set1_ps(p);
-            for (int i = 0; i < D; i += 8)
-                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pb, _mm256_loadu_ps(vj + i), _mm256_loadu_ps(o + i)));
-        } else {
-            for (int i = 0; i < D; i++) o[i] += p * vj[i];
+    int c = 0;
+    if (D % 8 == 0) {
+        for (; c + 64 <= D; c += 64) {
+            __m256 acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+            for (int j = 0; j < keys; j++) {
+                float p = e[j] * inv;
+                if (p == 0.0f) continue;
+                __m256 pb = _mm256_set1_ps(p);
+                const float* vj = v + (size_t)j * D + c;
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(pb, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+            }
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + c + 8 * i, acc[i]);
         }
+        for (; c < D; c += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int j = 0; j < keys; j++) {
+                float p = e[j] * inv;
+                if (p == 0.0f) continue;
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(p), _mm256_loadu_ps(v + (size_t)j * D + c), acc);
+            }
+            _mm256_storeu_ps(o + c, acc);
+        }
+        return;
+    }
+    for (; c < D; c++) {
+        float acc = 0.0f;
+        for (int j = 0; j < keys; j++) {
+            float p = e[j] * inv;
+            if (p != 0.0f) acc += p * v[(size_t)j * D + c];
+        }
+        o[c] = acc;
     }
 }
 
@@ -156,6 +186,48 @@ static void rotary(float* z, const float* cs, const float* sn, int D) {
     }
 }
 
+/* s [N] <- s * scale, or -inf where vis[j] == 0 (vis NULL: all visible); returns the maximum */
+static float scale_mask_max(float* restrict s, const unsigned char* restrict vis, float scale, int N) {
+    const __m256 sc = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 mv = ninf;
+    int j = 0;
+    for (; j + 8 <= N; j += 8) {
+        __m256 z = _mm256_mul_ps(_mm256_loadu_ps(s + j), sc);
+        if (vis) {
+            __m128i b = _mm_loadl_epi64((const __m128i*)(vis + j));      /* 8 bytes */
+            __m256i w = _mm256_cvtepu8_epi32(b);
+            __m256 hidden = _mm256_castsi256_ps(_mm256_cmpeq_epi32(w, _mm256_setzero_si256()));
+            z = _mm256_blendv_ps(z, ninf, hidden);
+        }
+        _mm256_storeu_ps(s + j, z);
+        mv = _mm256_max_ps(mv, z);
+    }
+    float buf[8];
+    _mm256_storeu_ps(buf, mv);
+    float mx = -INFINITY;
+    for (int i = 0; i < 8; i++) mx = buf[i] > mx ? buf[i] : mx;
+    for (; j < N; j++) {
+        s[j] = vis && !vis[j] ? -INFINITY : s[j] * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    return mx;
+}
+
+/* sum of s [N] in double, 4 lanes at a time */
+static double sum_double(const float* s, int N) {
+    __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd();
+    int j = 0;
+    for (; j + 8 <= N; j += 8) {
+        a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm_loadu_ps(s + j)));
+        b = _mm256_add_pd(b, _mm256_cvtps_pd(_mm_loadu_ps(s + j + 4)));
+    }
+    double buf[4];
+    _mm256_storeu_pd(buf, _mm256_add_pd(a, b));
+    double t = (buf[0] + buf[1]) + (buf[2] + buf[3]);
+    for (; j < N; j++) t += s[j];
+    return t;
+}
+
 /* A layer's weights: panels (float32, or float16 bits when f16) and padded biases or NULL. */
 typedef struct {
     const float* ln1; const float* ln2; float eps;
@@ -179,6 +251,35 @@ typedef struct {
     int threads;
 } LeanPass;
 
+/* heads [T, H*D] = softmax(q . K^T * scale + mask) V for every (row, query head, new token), query head h
+ * reading key/value head h / G; the queries are the q columns of wide [T, qkv_n], the keys and values the
+ * cache's positions 0..S+n-1 (the pass's own already written) */
+static void attention(const LeanWeights* W, const LeanPass* P, const float* wide, const float* kc, const float* vc,
+                      float* heads, float* scores) {
+    const int D = W->D, H = W->H, n = P->n, keys = P->S + n, G = H / W->Hkv;
+    const int threads = P->threads > 0 ? P->threads : 1, items = P->R * H * n;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int it = 0; it < items; it++) {
+        int t = it % n, h = (it / n) % H, r = it / (n * H);
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float* s = scores + (size_t)tid * keys;
+        const float* q = wide + (size_t)(r * n + t) * W->qkv_n + (size_t)h * D;
+        const float* kb = kc + (size_t)r * P->row_stride + (size_t)(h / G) * P->head_stride;
+        const float* vb = vc + (size_t)r * P->row_stride + (size_t)(h / G) * P->head_stride;
+        const unsigned char* vis = P->mask ? P->mask + (size_t)t * keys : NULL;
+        scores_of(q, kb, keys, D, s);
+        float mx = scale_mask_max(s, vis, W->scale, keys);
+        exp_shifted(s, mx, keys);  /* exp(-inf) = 0: masked keys drop out */
+        double total = sum_double(s, keys);
+        float inv = (float)(1.0 / total);
+        float* o = heads + (size_t)(r * n + t) * H * D + (size_t)h * D;
+        accumulate_values(o, s, inv, vb, keys, D);
+    }
+}
+
 /* The scratch a call needs, in floats: normed [T, d], wide [T, max(qkv_n, gu_n)], heads [T, H*D],
  * proj [T, max(o_n, down_n)], mid [T, ffn], scores [threads][S + n]. */
 long lean_layer_work_floats(int T, int d, int qkv_n, int o_n, int gu_n, int down_n, int H, int D, int ffn,
@@ -190,9 +291,9 @@ long lean_layer_work_floats(int T, int d, int qkv_n, int o_n, int gu_n, int down
 /* x [T, d] <- the layer's output, in place.  Returns 0, 1 on inconsistent shapes, 2 when a panel product
  * refused its width (nothing is written past the failure). */
 int lean_layer(float* x, const LeanWeights* W, const LeanPass* P, float* kc, float* vc) {
-    const int T = P->R * P->n, d = W->d, D = W->D, H = W->H, n = P->n, S = P->S, keys = S + n;
+    const int T = P->R * P->n, d = W->d, D = W->D, H = W->H, n = P->n, S = P->S;
     if (W->Hkv <= 0 || H % W->Hkv != 0 || D % 2 != 0 || W->o_n < d || W->down_n < d) return 1;
-    const int G = H / W->Hkv, threads = P->threads > 0 ? P->threads : 1;
+    const int threads = P->threads > 0 ? P->threads : 1;
     float* normed = P->work;                                                  /* [T, d] */
     float* wide = normed + (size_t)T * d;                                     /* [T, max(qkv_n, gu_n)] */
     float* heads = wide + (size_t)T * (W->qkv_n > W->gu_n ? W->qkv_n : W->gu_n);  /* [T, H*D] */
@@ -216,32 +317,7 @@ int lean_layer(float* x, const LeanWeights* W, const LeanPass* P, float* kc, flo
                 memcpy(vc + at, row + W->v_off + (size_t)h * D, sizeof(float) * D);
             }
         }
-    const int items = P->R * H * n;
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int it = 0; it < items; it++) {
-        int t = it % n, h = (it / n) % H, r = it / (n * H);
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float* s = scores + (size_t)tid * keys;
-        const float* q = wide + (size_t)(r * n + t) * W->qkv_n + (size_t)h * D;
-        const float* kb = kc + (size_t)r * P->row_stride + (size_t)(h / G) * P->head_stride;
-        const float* vb = vc + (size_t)r * P->row_stride + (size_t)(h / G) * P->head_stride;
-        const unsigned char* vis = P->mask ? P->mask + (size_t)t * keys : NULL;
-        scores_of(q, kb, keys, D, s);
-        float mx = -INFINITY;
-        for (int j = 0; j < keys; j++) {
-            s[j] = vis && !vis[j] ? -INFINITY : s[j] * W->scale;
-            if (s[j] > mx) mx = s[j];
-        }
-        exp_shifted(s, mx, keys);  /* exp(-inf) = 0: masked keys drop out */
-        double total = 0.0;
-        for (int j = 0; j < keys; j++) total += s[j];
-        float inv = (float)(1.0 / total);
-        float* o = heads + (size_t)(r * n + t) * H * D + (size_t)h * D;
-        accumulate_values(o, s, inv, vb, keys, D);
-    }
+    attention(W, P, wide, kc, vc, heads, scores);
     if (linear(W->f16, heads, W->o, W->o_b, proj, T, W->o_n, H * D, threads)) return 2;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < d; i++) x[(size_t)t * d + i] += proj[(size_t)t * W->o_n + i];
