@@ -280,6 +280,10 @@ static void attention(const LeanWeights* W, const LeanPass* P, const float* wide
     }
 }
 
+/* z [N] <- exp(z) through the attention's exp8 (exported for tests/test_lean_layer.py, which checks its error
+ * against a float64 exp) */
+void lean_exp(float* z, int N) { exp_shifted(z, 0.0f, N); }
+
 /* The scratch a call needs, in floats: normed [T, d], wide [T, max(qkv_n, gu_n)], heads [T, H*D],
  * proj [T, max(o_n, down_n)], mid [T, ffn], scores [threads][S + n]. */
 long lean_layer_work_floats(int T, int d, int qkv_n, int o_n, int gu_n, int down_n, int H, int D, int ffn,
