@@ -13,8 +13,9 @@
  *
  * RMSNorm(z) = w * z / sqrt(mean(z^2) + eps) with the mean accumulated in double; softmax subtracts the row
  * maximum, takes exp 8-wide (exp8, within 1 ulp of expf) and sums in double.  Every other value is float32,
- * so a layer here equals the torch loop up to float32 rounding (tests/test_lean_layer.py), not bit for bit.  Masks: NULL (n = 1: the query sees
- * the whole cache and itself) or mask [n][S + n] (1 = visible; causal or a token tree).
+ * so a layer here equals the torch loop up to float32 rounding (tests/test_lean_layer.py), not bit for bit.
+ * Masks: NULL (n = 1: the query sees the whole cache and itself) or mask [n][S + n] (1 = visible; causal or
+ * a token tree).
  *
  * Built into the same library as panel_linear.c (mdv.models.panels); called through ctypes. */
 #include <immintrin.h>
