@@ -24,8 +24,8 @@ The linears are called through each module's ``forward``, so :class:`~mdv.models
 :class:`~mdv.models.packed.LinearPacks` apply unchanged (enter them on the same model).  On PanelPacks the
 siblings that read one input (q, k, v; gate, up) run as one kernel call on their fused stream
 (:func:`~mdv.models.panels.sibling_product`; the same bits as three or two calls), and when every layer is
-on fused panels the whole layer runs in one C call instead (:mod:`mdv.models.lean_layer`; the loop below
-is its reference, equal up to float32 rounding).
+on fused panels the whole layer runs in one C call instead (:mod:`mdv.models.lean_layer`; the torch loop,
+``LeanSession._torch_layers``, is its reference, equal up to float32 rounding).
 
 The cache is one tensor [layers, 2, R, H_kv, capacity, D]; the session operations are views and slices
 of it: ``crop`` sets the length, ``keep`` takes a row view, ``fork`` copies the filled prefix k times,
@@ -185,19 +185,13 @@ class LeanSession(CacheSessionBase):
         return logits.clone()
 
     def _pass(self, ids: Tensor, positions: Tensor, allowed: Tensor | None, last_only: bool) -> Tensor:
-        R, n = ids.shape
+        n = ids.shape[1]
         S = self._length
         self._reserve(S + n)
         kv = self._kv
         assert kv is not None
-        H, Hkv, D = self._heads, self._kv_heads, self._head_dim
-        G = H // Hkv
         x = self._dec.embed_tokens(ids)  # [R, n, d]
         cos, sin = self._dec.rotary_emb(x, positions)  # [R, n, D]
-        half = D // 2
-        # sin± = [-sin₁, sin₂] so that swap(z)·sin± == rotate_half(z)·sin (module docstring)
-        sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), -1).unsqueeze(2)  # [R, n, 1, D]
-        cos = cos.unsqueeze(2)  # [R, n, 1, D]
         if n == 1:
             mask = None  # one query sees the whole cache
         elif allowed is None:  # new token i sees the cache and new tokens 0..i
@@ -206,12 +200,30 @@ class LeanSession(CacheSessionBase):
             mask = allowed[0, 0]  # [n, S + n]
         plan = None
         if x.dtype == torch.float32 and x.device.type == "cpu":  # every layer on fused panels: one C call each
-            plan = self._c_plan = layer_plan(self._layers, H, Hkv, D, self._scale, self._c_plan)
+            plan = self._c_plan = layer_plan(self._layers, self._heads, self._kv_heads, self._head_dim, self._scale,
+                                             self._c_plan)
         if plan is not None:
-            x = run_layers(plan, x, cos[:, :, 0], sin, mask, kv, S)
-        elif mask is not None and G > 1:  # queries packed as G·n rows per key/value head (head-major within a group)
+            x = run_layers(plan, x, cos, sin, mask, kv, S)
+        else:
+            x = self._torch_layers(x, cos, sin, mask, kv, S)
+        self._length = S + n
+        self.last_features = x if self.record_features else None
+        h = _rms_norm(self._dec.norm, x[:, -1:] if last_only else x)
+        return self._lm_head(h)
+
+    def _torch_layers(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv: Tensor, S: int) -> Tensor:
+        """The decoder layers as torch operations (the C layers' reference): x [R, n, d], cos and sin [R, n, D],
+        mask None (n = 1) or bool [n, S + n]; writes the pass's keys and values into kv at S..S+n-1."""
+        R, n, _ = x.shape
+        H, Hkv, D = self._heads, self._kv_heads, self._head_dim
+        G = H // Hkv
+        half = D // 2
+        # sin± = [-sin₁, sin₂] so that swap(z)·sin± == rotate_half(z)·sin (module docstring)
+        sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), -1).unsqueeze(2)  # [R, n, 1, D]
+        cos = cos.unsqueeze(2)  # [R, n, 1, D]
+        if mask is not None and G > 1:  # queries packed as G·n rows per key/value head (head-major within a group)
             mask = mask.repeat(G, 1)  # [G·n, S + n]
-        for i, layer in enumerate(self._layers if plan is None else ()):
+        for i, layer in enumerate(self._layers):
             attn, mlp = layer.self_attn, layer.mlp
             a = _rms_norm(layer.input_layernorm, x)
             qkv = sibling_product(attn, _QKV, a)  # one call on PanelPacks' fused stream, else None
@@ -232,10 +244,7 @@ class LeanSession(CacheSessionBase):
             gate_up = sibling_product(mlp, _GATE_UP, b)
             gate, up = gate_up if gate_up is not None else (mlp.gate_proj.forward(b), mlp.up_proj.forward(b))
             x = x + mlp.down_proj.forward(F.silu(gate) * up)
-        self._length = S + n
-        self.last_features = x if self.record_features else None
-        h = _rms_norm(self._dec.norm, x[:, -1:] if last_only else x)
-        return self._lm_head(h)
+        return x
 
     # ------------------------------------------------------------------ DecodeSession
     def _positions(self, R: int, n: int) -> Tensor:
