@@ -27,16 +27,19 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 import mdv
 from mdv.errors import InvalidInputError
 from mdv.oracle import exact_law, expected_accepted, iteration_law, random_toy_model, target_law, total_variation
 from mdv.oracle.montecarlo import chi_square_pvalue, sample_iterations
-from mdv.verify.base import Block, Uniforms
+from mdv.verify.base import Uniforms
 from mdv.verify.gbv import GreedyBlockVerification
 from mdv.verify.select_gbv import SelectGreedyBlockVerification
-from mdv.verify.selection import FILL_EPS, FILL_SWEEPS, fill_choice, fill_kernel, fill_rule, kseq_kernel, lex_kernel
-from mdv.verify.spectr import kseq_residual, kseq_rho
+from mdv.verify.mpbv import below_mass
+from mdv.verify.selection import (CHOICE_TOL, FILL_EPS, FILL_SWEEPS, RULES, advance_survivors, fill_choice, fill_kernel,
+                                  SortedMasses, fill_order, fill_rule, kseq_kernel, lex_below, lex_kernel, node_step)
+from mdv.verify.spectr import RHO_ITERS, kseq_gap, kseq_residual, kseq_rho
 from tests.conftest import toy_pair
 from tests.test_verify_mpbv import VOCAB, consistent_block, inconsistent_block, tied_iid_pair
 
@@ -179,6 +182,170 @@ def test_fill_marks_solve_the_filling_recursion() -> None:
         rank = torch.empty_like(order[0]).scatter_(0, order[0], torch.arange(V))
         toks = rng.integers(0, V, size=m).tolist()
         assert abs(sum(w for _, w in fill_choice(theta[0], rank, toks)) - 1.0) < 1e-12
+
+
+def _rows_with_ties_and_zeros(rng: np.random.Generator, N: int, V: int) -> tuple[Tensor, Tensor]:
+    """N rows of (p, q) over V >= 20 tokens with zeros in p and q, q = 0 < p, p = q (ratio exactly 1), p one
+    ulp below q (ratio just below 1) and repeated ratios."""
+    p, q = rng.dirichlet(np.ones(V) * 0.5, size=N), rng.dirichlet(np.ones(V) * 0.5, size=N)
+    for n in range(N):
+        idx = rng.permutation(V)
+        p[n, idx[:3]] = 0.0
+        q[n, idx[3:6]] = 0.0
+        q[n, idx[6:12]] = p[n, idx[6:12]]  # ratio 1
+        p[n, idx[12]] = np.nextafter(q[n, idx[12]], 0.0)  # ratio just below 1
+        q[n, idx[13:18]] = 2.0 * p[n, idx[13:18]]  # a tied ratio 0.5
+        p[n], q[n] = p[n] / p[n].sum(), q[n] / q[n].sum()
+    return torch.tensor(p), torch.tensor(q)
+
+
+def test_fill_order_by_integer_keys_equals_a_float_sort() -> None:
+    """fill_order sorts the ratios' bit patterns as integers: the same permutation as a stable descending float
+    sort, ties (ratio 1, repeated ratios, zeros, -0.0) in increasing id."""
+    rng = np.random.default_rng(7)
+    for V in (20, 70, 3000):
+        p, q = _rows_with_ties_and_zeros(rng, 3, V)
+        p[0, :2] = -0.0  # a negative zero must tie with +0.0
+        ratio = torch.where(q > 0, p / torch.where(q > 0, q, torch.ones_like(q)), torch.zeros_like(q))
+        want = torch.sort(ratio, dim=-1, descending=True, stable=True).indices
+        assert torch.equal(fill_order(p, q), want)
+
+
+def test_lex_below_from_fills_order_equals_below_mass() -> None:
+    """At large V lex's c(x) is read off fill's sort: the same sums, bit for bit, as mpbv's own sort."""
+    rng = np.random.default_rng(8)
+    for V in (20, 300, 5000):
+        p, q = _rows_with_ties_and_zeros(rng, 3, V)
+        assert torch.equal(lex_below(p, q, fill_order(p, q)), below_mass(p, q)[0])
+
+
+def _exactly_summed_rho(p: Tensor, q: Tensor, m: int) -> float:
+    """kseq_rho's definition (the smallest rho in [1, m] with g(rho) >= 0: 1 if g(1) >= 0, else the upper end
+    after RHO_ITERS bisection steps) with both sums of g correctly rounded (math.fsum): the reference for the
+    rounding of the fast paths' sums.  p, q: [V]"""
+    pl, ql = p.tolist(), q.tolist()
+
+    def g(rho: float) -> float:
+        reject = min(max(math.fsum(max(b - a / rho, 0.0) for a, b in zip(pl, ql)), 0.0), 1.0)
+        uncovered = math.fsum(max(a - rho * b, 0.0) for a, b in zip(pl, ql))
+        return (math.exp(m * math.log(reject)) if reject > 0.0 else 0.0) - uncovered
+
+    if g(1.0) >= 0.0:
+        return 1.0
+    lo, hi = 1.0, float(m)
+    for _ in range(RHO_ITERS):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if g(mid) >= 0.0 else (mid, hi)
+    return hi
+
+
+def test_kseq_rho_off_the_sorted_masses_equals_the_exactly_summed_root() -> None:
+    """The walk's rho* (prefix sums in fill's order, in extended precision) against the same bisection with
+    correctly rounded sums, on rows with ties, zeros, p = q and one-hot rows: within 2e-15 relative (measured
+    <= 5.6e-16).  spectr's kseq_rho sums in float64 and is within 1e-13 (measured 1.8e-14 at V = 2000, where
+    its active-set bisection drops entries into running sums), so the two fast paths are compared through
+    the reference, not with each other.  Neither lies below the root of g by more than rounding."""
+    rng = np.random.default_rng(9)
+    worst_sorted, worst_kseq = 0.0, 0.0
+    for V in (5, 100, 2000):
+        p, q = _rows_with_ties_and_zeros(rng, 6, max(V, 20))
+        if V < 20:  # small rows: ties and zeros of their own
+            p, q = torch.tensor(rng.dirichlet(np.ones(V), size=6)), torch.tensor(rng.dirichlet(np.ones(V), size=6))
+            q[0, 0] = 0.0
+            q[0] = q[0] / q[0].sum()
+            p[3, :2] = q[3, :2] * (p[3, :2].sum() / q[3, :2].sum())  # a tied ratio
+            p[3] = p[3] / p[3].sum()
+        p[4], q[4] = q[4], q[4]  # p = q: rho* = 1
+        p[5] = 0.0
+        p[5, int(q[5].argmax())] = 1.0  # a one-hot target
+        masses = SortedMasses(p, q, fill_order(p, q))
+        for m in (2, 3, 4, 8):
+            got, spectr_rho = masses.rho(m), kseq_rho(p, q, m)
+            want = torch.tensor([_exactly_summed_rho(p[n], q[n], m) for n in range(6)], dtype=f64)
+            assert float(got[4]) == 1.0 and float(want[4]) == 1.0  # p = q
+            worst_sorted = max(worst_sorted, float(((got - want).abs() / want).max()))
+            worst_kseq = max(worst_kseq, float(((spectr_rho - want).abs() / want).max()))
+            assert bool((kseq_gap(p, q, torch.full_like(got, float(m)), got) >= -1e-15).all()), m
+    assert worst_sorted < 2e-15, worst_sorted
+    assert worst_kseq < 1e-13, worst_kseq
+
+
+def test_sorted_masses_give_a_row_the_same_bits_alone_or_in_a_batch() -> None:
+    """The walk computes a prefix's rho* in a batch of one; a later iteration's window recomputes the same
+    prefix among B*K rows: both must use the same law, so each row's bisection must not depend on its batch
+    (small V compares whole blocks, large V searches row by row: the same counts)."""
+    rng = np.random.default_rng(10)
+    for V in (3, 8, 300):
+        p, q = _rows_with_ties_and_zeros(rng, 9, max(V, 20))
+        if V < 20:
+            p, q = torch.tensor(rng.dirichlet(np.ones(V), size=9)), torch.tensor(rng.dirichlet(np.ones(V), size=9))
+        order = fill_order(p, q)
+        batch = SortedMasses(p, q, order)
+        for m in (2, 3, 4):
+            together = batch.rho(m)
+            alone = torch.cat([SortedMasses(p[n:n + 1], q[n:n + 1], order[n:n + 1]).rho(m) for n in range(9)])
+            assert torch.equal(together, alone), (V, m)
+
+
+def _full_kernel_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> tuple[Tensor, Tensor]:
+    """node_step's definition with every kernel tabulated over the whole vocabulary: (rule [N], sum_m pi(m)
+    T_m [N, V, K+1] of the chosen rule), the choice by the scores of the kernels' row sums."""
+    K = pi.shape[-1] - 1
+    rules = RULES if mode == "choose" else (mode,)
+    counts = [m for m in range(1, K + 1) if bool((pi[:, m] > 0).any())]
+    mixed = []
+    for rule in rules:
+        acc = torch.zeros(*q.shape, K + 1, dtype=f64)
+        for m in counts:
+            if rule == "fill" and m > 1:
+                kern = fill_kernel(q, *fill_rule(p, q, ratio, m), m, K)
+            else:
+                kern = (lex_kernel if rule == "lex" else kseq_kernel)(p, q, m, K)
+            acc = acc + pi[:, m, None, None] * kern
+        mixed.append(acc)
+    if mode != "choose":
+        return torch.full((q.shape[0],), RULES.index(mode)), mixed[0]
+    target = ratio.unsqueeze(-1) * p
+    best, nxt = torch.zeros(q.shape[0], dtype=torch.long), mixed[0]
+    best_score = torch.minimum(target, nxt.sum(-1)).sum(-1)
+    for r in range(1, len(RULES)):
+        score = torch.minimum(target, mixed[r].sum(-1)).sum(-1)
+        better = score > best_score + CHOICE_TOL
+        best = torch.where(better, torch.full_like(best, r), best)
+        best_score = torch.where(better, score, best_score)
+        nxt = torch.where(better[:, None, None], mixed[r], nxt)
+    return best, nxt
+
+
+@pytest.mark.parametrize("V", [6, 40, 200])
+def test_node_law_equals_the_tabulated_kernels(V: int) -> None:
+    """The fast node_step (closed-form marginals q_S, kernel rows only where the walk reads them, one sort for
+    lex and fill at V > MEMO_MAX_V) against the same definition with every kernel tabulated over the
+    vocabulary: the same rule per prefix, q_S and every kernel row to 1e-14, in every walk mode."""
+    rng = np.random.default_rng(V)
+    worst = 0.0
+    for trial in range(12):
+        N, K = 2, int(rng.integers(2, 5))
+        p, q = _rows_with_ties_and_zeros(rng, N, V) if V >= 20 else (
+            torch.tensor(rng.dirichlet(np.ones(V), size=N)), torch.tensor(rng.dirichlet(np.ones(V), size=N)))
+        pi = torch.tensor(rng.dirichlet(np.ones(K + 1), size=N))
+        pi[:, 0] = 0.0
+        if trial % 3 == 0:
+            pi[:, int(rng.integers(1, K + 1))] = 0.0  # a survivor count that cannot occur
+        pi = pi / pi.sum(-1, keepdim=True)
+        ratio = torch.tensor(rng.uniform(0.3, 3.0, size=N))
+        for mode in ("choose",) + RULES:
+            law = node_step(p, q, ratio, pi, mode)
+            rule, nxt = _full_kernel_step(p, q, ratio, pi, mode)
+            assert torch.equal(law.rule, rule), (trial, mode)
+            worst = max(worst, float((law.q_sel - nxt.sum(-1)).abs().max()))
+            for tok in rng.integers(0, V, size=(4, N)):
+                tok = torch.tensor(tok)
+                worst = max(worst, float((law.rows(tok) - nxt[torch.arange(N), tok]).abs().max()))
+                mass, new_pi = advance_survivors(law, tok)
+                assert torch.allclose(mass, law.q_sel[torch.arange(N), tok], rtol=0, atol=0)
+                assert torch.all((new_pi.sum(-1) - 1.0).abs() < 1e-12) or not bool((mass > 0).all())
+    assert worst < 1e-14, worst
 
 
 # ------------------------------------------------------------------------------------------ parity

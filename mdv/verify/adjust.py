@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mdv.verify._math import normalize_or, safe_ratio
-from mdv.verify.selection import advance_survivors, node_step, root_survivors
+from mdv.verify.selection import NodeLaw, advance_survivors, node_step, root_survivors
 
 
 def residual_chain_step(cond0: Tensor, q: Tensor, log_joint: Sequence[Tensor], log_q: Tensor) -> list[Tensor]:
@@ -106,18 +106,19 @@ class AdjustedTargetState:
 
 
 def window_draft_law(selection: str, cond: Tensor, q: Tensor, log_joint0: Tensor, log_q: Tensor,
-                     pi: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The draft law a window's residual subtracts at one position, and the selection walk's ``nxt``.
+                     pi: Tensor | None) -> tuple[Tensor, NodeLaw | None]:
+    """The draft law a window's residual subtracts at one position, and the selection walk's law there.
 
     cond: [N, V] the law below the window; q: [N, V] the draft rows; log_joint0, log_q: [N] log T_0(v),
     log Q(v); pi: [N, K+1] or None.  A product-law window (selection '') returns (q, None); a selection
-    window returns (q_S(.|v) [N, V], nxt [N, V, K+1]) of :func:`~mdv.verify.selection.node_step` with
-    the ratio T_0(v)/Q_S(v) -- the quantities the iteration that made the window used at v.
+    window returns (q_S(.|v) [N, V], the :class:`~mdv.verify.selection.NodeLaw`) of
+    :func:`~mdv.verify.selection.node_step` with the ratio T_0(v)/Q_S(v) -- the quantities the iteration
+    that made the window used at v.
     """
     if not selection:
         return q, None
-    _, nxt = node_step(cond, q, safe_ratio(log_joint0, log_q), pi, selection)
-    return nxt.sum(-1), nxt
+    law = node_step(cond, q, safe_ratio(log_joint0, log_q), pi, selection)
+    return law.q_sel, law
 
 
 def apply_windows(state: AdjustedTarget | None, tokens: Tensor, p: Tensor, q: Tensor) -> Tensor:
@@ -144,15 +145,15 @@ def apply_windows(state: AdjustedTarget | None, tokens: Tensor, p: Tensor, q: Te
             if i >= L:  # cannot happen: a window is at least one token deep when a block starts
                 raise RuntimeError("a target-adjustment window reaches the bonus position")
             tok = tokens[:, :, i].unsqueeze(-1)
-            q_row, nxt = window_draft_law(w.selection, cond.reshape(-1, V), q[:, :, i].reshape(-1, V),
+            q_row, law = window_draft_law(w.selection, cond.reshape(-1, V), q[:, :, i].reshape(-1, V),
                                           log_joint[0].reshape(-1), log_q.reshape(-1), survivors[n])
             q_row = q_row.view(B, K, V)
             conds = residual_chain_step(cond, q_row, log_joint, log_q)
             for j in range(len(log_joint)):
                 log_joint[j] = log_joint[j] + conds[j].gather(-1, tok).squeeze(-1).log()
             log_q.add_(q_row.gather(-1, tok).squeeze(-1).log())
-            if nxt is not None:
-                survivors[n] = advance_survivors(nxt, tok.reshape(-1))[1]
+            if law is not None:
+                survivors[n] = advance_survivors(law, tok.reshape(-1))[1]
             cond = conds[-1]
         out[:, :, i] = cond
     return out
@@ -185,18 +186,18 @@ def advance_state(state: AdjustedTarget | None, path: Sequence[int], p_path: Ten
             if w.depth + i >= w.length:
                 continue
             log_joint = [torch.tensor(x, dtype=dt) for x in sc[0]]
-            q_row, nxt = window_draft_law(w.selection, cond[None], q_path[i][None], log_joint[0].reshape(1),
+            q_row, law = window_draft_law(w.selection, cond[None], q_path[i][None], log_joint[0].reshape(1),
                                           torch.tensor([sc[1]], dtype=dt), sc[2])
             conds = residual_chain_step(cond, q_row[0], log_joint, torch.tensor(sc[1], dtype=dt))
             sc[0] = [x + float(conds[j][tok].log()) for j, x in enumerate(sc[0])]
             sc[1] = sc[1] + float(q_row[0][tok].log())
-            if nxt is not None:
-                sc[2] = advance_survivors(nxt, tok_t)[1]
+            if law is not None:
+                sc[2] = advance_survivors(law, tok_t)[1]
             cond = conds[-1]
         if anchors:
             # The new window's levels along the emitted path: before its anchor a level is the point
             # mass on the anchor's next token (its law is supported on strings extending the anchor).
-            q_row, nxt = window_draft_law(selection[0] if selection else "", cond[None], q_path[i][None],
+            q_row, law = window_draft_law(selection[0] if selection else "", cond[None], q_path[i][None],
                                           torch.tensor([new_log_joint[0]], dtype=dt), torch.tensor([new_log_q], dtype=dt),
                                           new_pi)
             q_row = q_row[0]
@@ -210,8 +211,8 @@ def advance_state(state: AdjustedTarget | None, path: Sequence[int], p_path: Ten
                     conds.append(normalize_or(ratio * conds[-1] - q_row, conds[-1]))
             new_log_joint = [x + float(conds[j][tok].log()) for j, x in enumerate(new_log_joint)]
             new_log_q += float(q_row[tok].log())
-            if nxt is not None:
-                new_pi = advance_survivors(nxt, tok_t)[1]
+            if law is not None:
+                new_pi = advance_survivors(law, tok_t)[1]
     n = len(path)
     windows = [Window(w.length, w.anchors, w.depth + n, tuple(sc[0]), sc[1], w.base, w.selection,
                       tuple(float(x) for x in sc[2][0]) if sc[2] is not None else ())

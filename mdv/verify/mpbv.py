@@ -133,9 +133,10 @@ def below_mass(p: Tensor, q: Tensor, tie_rule: str = "exact") -> tuple[Tensor, T
 def power_sum(X: Tensor, Y: Tensor, K: int) -> Tensor:
     """``N_K(X, Y) = sum_{j=0..K-1} X^j Y^(K-1-j)`` (= (X^K - Y^K)/(X - Y)) by the recursion
     ``N_1 = 1``, ``N_{m+1} = X N_m + Y^m``.  X, Y broadcastable, >= 0."""
-    N = torch.ones_like(X + Y)
-    Ypow = torch.ones_like(N)
-    for _ in range(K - 1):
+    if K == 1:
+        return torch.ones_like(X + Y)
+    N, Ypow = X + Y, Y  # N_2 (the same bits as X * 1 + 1 * Y)
+    for _ in range(K - 2):
         Ypow = Ypow * Y
         N = X * N + Ypow
     return N

@@ -45,9 +45,12 @@ probabilities given the survivors (which are marked is never drawn survivor by s
 ``draws[:, L]`` (K >= 2) or ``draws[:, tau]`` (K = 1, as ``gbv``).  All distinct, so independent.
 
 **Cost** (one instance).  Per depth of the selected draft, :func:`~mdv.verify.selection.node_step` for the
-survivor counts still possible: O(K^3 V) for ``kseq``, a sort of V for ``lex`` and one for ``fill``
-(with O(FILL_SWEEPS K V) for its marks and kernel); the rows of a prefix
-are computed once and shared by the drafts through it.  Nothing grows with V^L or with draft tuples.
+survivor counts still possible: one sort of V shared by the three rules, closed-form marginals O(m V) per
+rule and count, FILL_SWEEPS passes per count for ``fill``'s marks, and kernel rows only at the drafted
+tokens; the rows of a prefix are computed once and shared by the drafts through it.  Nothing grows with
+V^L or with draft tuples.  At V = 49,152, K = 4, L = 8 this is still several target steps (README,
+*Performance*): in ``selection="choose"`` about 700 eager torch operations over V per depth, ~40 us each
+at that V, with nothing fused.
 """
 from __future__ import annotations
 
@@ -66,9 +69,9 @@ from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import GreedyBlockVerification, greedy_block_h, greedy_residual
 from mdv.verify.mpbv import ratio_scores
 from mdv.verify.registry import register_verifier
-from mdv.verify.selection import (CHOICE_TOL, FILL_EPS, FILL_SWEEPS, MODES, RULES, advance_survivors, fill_choice,
-                                  fill_rule, node_step, root_survivors)
-from mdv.verify.spectr import kseq_accept_prob, kseq_residual, kseq_rho
+from mdv.verify.selection import (CHOICE_TOL, FILL_EPS, FILL_SWEEPS, MODES, RULES, NodeLaw, advance_survivors,
+                                  fill_choice, node_step, root_survivors)
+from mdv.verify.spectr import kseq_residual, kseq_rho
 
 
 @dataclass
@@ -82,10 +85,10 @@ class _Prefix:
     pi: Tensor  # [K+1] survivor-count law
     ratio: Tensor | None = None  # [1] P(u)/Q_S(u), as node_step saw it
     rule: str = "kseq"  # the token rule chosen at u (one of selection.RULES)
-    nxt: Tensor | None = None  # [V, K+1]
+    law: NodeLaw | None = None  # node_step's law at u (N = 1)
     q_sel: Tensor | None = None  # [V] q_S(.|u)
-    kseq: dict[int, tuple[Tensor, Tensor]] | None = None  # m -> (beta [V], K-SEQ residual [V])
-    fill: dict[int, tuple[Tensor, Tensor]] | None = None  # m -> (theta [V], rank [V])
+    fill_rank: dict[int, Tensor] | None = None  # m -> rank [V] of fill's order
+    lex_scores: list[float] | None = None  # [V] mpbv's ratio scores r(x), read by the lex rule
 
 
 class _Walk:
@@ -95,27 +98,34 @@ class _Walk:
 
     def __init__(self, block: Block, p_eff: Tensor, mode: str) -> None:
         self.block, self.p_eff, self.mode = block, p_eff, mode
-        self.tokens = block.tokens.long()
+        self.L = block.L  # (Block.L is a property over the tokens' shape: read once)
+        # the walk reads single entries many times per instance: Python lists and numpy rows read once per
+        # call instead of one small torch op per read (the audit and the fuzz tests run ~1e6 instances)
+        self.token_lists: list[list[list[int]]] = block.tokens.long().tolist()  # [B][K][L]
+        self.prefixes = [[[tuple(d[:i]) for i in range(block.L + 1)] for d in drafts]  # [B][K][L+1]
+                         for drafts in self.token_lists]
+        self.p_rows = p_eff.detach().cpu().numpy()  # [B, K, L+1, V]: the rows' bytes key shared nodes
+        self.q_rows = block.q.detach().cpu().numpy()  # [B, K, L, V]
         self.memo: dict[tuple[int, tuple[int, ...]], _Prefix] = {}
         self.shared: dict[tuple, _Prefix] = {}
-        self.gbv_memo: dict[int, tuple[Tensor, Tensor]] = {}
+        self.gbv_memo: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
 
     def at(self, b: int, k: int, i: int) -> _Prefix:
         """The prefix of length i of draft k of instance b."""
-        prefix = self.tokens[b, k, :i]
-        key = (b, tuple(prefix.tolist()))
+        prefix = self.prefixes[b][k][i]
+        key = (b, prefix)
         node = self.memo.get(key)
         if node is not None:
             return node
-        head = int((self.tokens[b, :, :i] == prefix).all(-1).to(torch.int8).argmax())  # first draft through it
+        head = next(j for j, d in enumerate(self.prefixes[b]) if d[i] == prefix)  # first draft through it
         parent = self.at(b, head, i - 1) if i > 0 else None
-        p_row, q_row = self.p_eff[b, head, i], (self.block.q[b, head, i] if i < self.block.L else None)
+        p_row, q_row = self.p_eff[b, head, i], (self.block.q[b, head, i] if i < self.L else None)
         # instances whose prefixes carry the same rows share the node (the oracle's instances share a context)
-        content = (id(parent), int(prefix[-1]) if i else -1, p_row.cpu().numpy().tobytes(),
-                   q_row.cpu().numpy().tobytes() if q_row is not None else b"")
+        content = (id(parent), prefix[-1] if i else -1, self.p_rows[b, head, i].tobytes(),
+                   self.q_rows[b, head, i].tobytes() if q_row is not None else b"")
         node = self.shared.get(content)
         if node is None:
-            node = self._make(parent, int(prefix[-1]) if i else -1, p_row, q_row)
+            node = self._make(parent, prefix[-1] if i else -1, p_row, q_row)
             self.shared[content] = node
         self.memo[key] = node
         return node
@@ -124,7 +134,7 @@ class _Walk:
         if parent is None:
             log_p, log_q, pi = 0.0, 0.0, root_survivors(self.block.K, torch.zeros(()))
         else:
-            mass, pi = advance_survivors(parent.nxt.unsqueeze(0), torch.tensor([x]))
+            mass, pi = advance_survivors(parent.law, torch.tensor([x]))
             log_p = parent.log_p + float(parent.p[x].log())  # -inf where the target gives the drafted token 0
             log_q, pi = parent.log_q + float(mass[0].log()), pi[0]
         node = _Prefix(p_row, q_row, log_p, log_q, pi)
@@ -133,48 +143,46 @@ class _Walk:
             # window recomputes in float64, and the law drifted (TV 7e-9, tests/test_exactness.py)
             node.ratio = safe_ratio(torch.tensor([log_p], dtype=torch.float64),
                                     torch.tensor([log_q], dtype=torch.float64))
-            rule, nxt = node_step(p_row[None], q_row[None], node.ratio, pi[None], self.mode)
-            node.rule, node.nxt = RULES[int(rule[0])], nxt[0]
-            node.q_sel = nxt[0].sum(-1)
+            node.law = node_step(p_row[None], q_row[None], node.ratio, pi[None], self.mode)
+            node.rule, node.q_sel = RULES[int(node.law.rule[0])], node.law.q_sel[0]
         return node
 
     # ------------------------------------------------------------------ the selection
     def _kseq_parts(self, node: _Prefix, m: int) -> tuple[Tensor, Tensor]:
-        """(beta [V] per-draft acceptance, the K-SEQ residual [V]) with m survivors."""
-        if node.kseq is None:
-            node.kseq = {}
-        if m not in node.kseq:
-            rho = kseq_rho(node.p[None], node.q[None], m)
-            node.kseq[m] = (kseq_accept_prob(node.p, node.q, rho), kseq_residual(node.p[None], node.q[None], m, rho)[0])
-        return node.kseq[m]
+        """(beta [V] per-draft acceptance, the K-SEQ residual [V]) with m >= 2 survivors: the law's own."""
+        f = node.law.kseq(m)
+        return f.beta[0], f.res[0]
 
     def _lex_token(self, node: _Prefix, toks: list[int]) -> int:
-        r = ratio_scores(node.p, node.q)
-        return max(toks, key=lambda x: (float(r[x]), -x))
+        if node.lex_scores is None:
+            node.lex_scores = ratio_scores(node.p, node.q).tolist()
+        r = node.lex_scores
+        return max(toks, key=lambda x: (r[x], -x))
 
     def _fill_probs(self, node: _Prefix, toks: list[int]) -> list[tuple[int, float]]:
         """fill's choice among the survivors' tokens: [(token, probability)] in rank order."""
-        if node.fill is None:
-            node.fill = {}
+        if node.fill_rank is None:
+            node.fill_rank = {}
         m = len(toks)
-        if m not in node.fill:
-            theta, order = fill_rule(node.p[None], node.q[None], node.ratio, m)
-            rank = torch.empty_like(order[0]).scatter_(0, order[0], torch.arange(order.shape[-1]))
-            node.fill[m] = (theta[0], rank)
-        return fill_choice(*node.fill[m], toks)
+        f = node.law.fill(m)  # the law's own marks
+        if m not in node.fill_rank:
+            node.fill_rank[m] = f.rank()[0]
+        return fill_choice(f.theta[0], node.fill_rank[m], toks)
 
-    def select(self, b: int, uniforms: Uniforms) -> int:
-        """The selected draft of instance b on its uniforms."""
+    def select(self, b: int, walk_coins: list[float], draws: list[float]) -> int:
+        """The selected draft of instance b: walk_coins = ``uniforms.coins[b, 1]`` and draws = ``uniforms.draws[b]``
+        as lists (one ``tolist`` per call, not one tensor read per depth)."""
         S = list(range(self.block.K))
-        for i in range(self.block.L):
+        drafts = self.token_lists[b]
+        for i in range(self.L):
             if len(S) == 1:
                 break
             node = self.at(b, S[0], i)
-            toks = [int(self.tokens[b, s, i]) for s in S]
+            toks = [drafts[s][i] for s in S]
             if node.rule == "lex":
                 x = self._lex_token(node, toks)
             elif node.rule == "fill":  # one inverse-CDF draw over the distinct tokens in rank order
-                u, cum, choice = float(uniforms.coins[b, 1, i]), 0.0, None
+                u, cum, choice = walk_coins[i], 0.0, None
                 for t, w in self._fill_probs(node, toks):
                     cum += w
                     choice = t
@@ -183,7 +191,7 @@ class _Walk:
                 x = choice
             else:
                 beta, res = self._kseq_parts(node, len(S))
-                u, cum, rest, x = float(uniforms.coins[b, 1, i]), 0.0, 1.0, None
+                u, cum, rest, x = walk_coins[i], 0.0, 1.0, None
                 for t in toks:
                     a = rest * float(beta[t])
                     if u < cum + a:
@@ -191,7 +199,7 @@ class _Walk:
                         break
                     cum, rest = cum + a, rest - a
                 if x is None:
-                    y = int(categorical(res, uniforms.draws[b, i]))
+                    y = int(categorical(res, torch.tensor(draws[i], dtype=torch.float64)))
                     x = y if y in toks else toks[0]
             S = [s for s, t in zip(S, toks) if t == x]
         return S[0]
@@ -203,11 +211,11 @@ class _Walk:
         def walk(S: list[int], i: int, prob: float) -> None:
             if prob <= 0.0:
                 return
-            if i == self.block.L or len(S) == 1:
+            if i == self.L or len(S) == 1:
                 out[S[0]] = out.get(S[0], 0.0) + prob
                 return
             node = self.at(b, S[0], i)
-            toks = [int(self.tokens[b, s, i]) for s in S]
+            toks = [self.token_lists[b][s][i] for s in S]
             children: dict[int, float] = {}
             if node.rule == "lex":
                 children[self._lex_token(node, toks)] = prob
@@ -240,14 +248,15 @@ class _Walk:
         log_q = torch.tensor([n.log_q for n in nodes], dtype=torch.float64)
         return log_p, log_q, torch.stack([n.p for n in nodes]), torch.stack([n.q_sel for n in nodes[:L]])
 
-    def gbv(self, b: int, sel: int) -> tuple[Tensor, Tensor]:
-        """(h [L], the extra-token laws after tau = 0..L [L+1, V]) along draft sel (once per distinct draft)."""
-        key = id(self.at(b, sel, self.block.L))  # the full block's node: shared by instances with equal rows
+    def gbv(self, b: int, sel: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(h [L], the extra-token laws after tau = 0..L [L+1, V], the law of tau [L+1]) along draft sel, once
+        per distinct draft."""
+        key = id(self.at(b, sel, self.L))  # the full block's node: shared by instances with equal rows
         if key not in self.gbv_memo:
             log_p, log_q, p_rows, q_rows = self.along(b, sel)
             h = greedy_block_h(log_p, log_q, p_rows[:-1], q_rows)
             residuals = greedy_residual(safe_ratio(log_p[:-1], log_q[:-1]), p_rows[:-1], q_rows)  # [L, V]
-            self.gbv_memo[key] = (h, torch.cat([residuals, p_rows[-1:]], 0))
+            self.gbv_memo[key] = (h, torch.cat([residuals, p_rows[-1:]], 0), last_accepted_law(h))
         return self.gbv_memo[key]
 
 
@@ -283,11 +292,19 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
         B, K, L, V = block.B, block.K, block.L, block.V
         prob = torch.zeros(B, K, L + 1, dtype=torch.float64)
         dists = torch.zeros(B, K, L + 1, V, dtype=torch.float64)
+        at_b, at_sel, weights, tau_laws, next_laws = [], [], [], [], []  # one entry per selectable (b, sel)
         for b in range(B):
             for sel, w in walk.selection_law(b).items():
-                h, d = walk.gbv(b, sel)
-                prob[b, sel] = w * last_accepted_law(h)
-                dists[b, sel] = d
+                _, d, tau_law = walk.gbv(b, sel)
+                at_b.append(b)
+                at_sel.append(sel)
+                weights.append(w)
+                tau_laws.append(tau_law)
+                next_laws.append(d)
+        if at_b:  # written at once: one indexed store instead of two per (b, sel)
+            where = (torch.tensor(at_b), torch.tensor(at_sel))
+            prob[where] = torch.tensor(weights, dtype=torch.float64).unsqueeze(-1) * torch.stack(tau_laws)
+            dists[where] = torch.stack(next_laws)
         out = []
         for sel in range(K):
             for t in range(L + 1):
@@ -303,19 +320,21 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
     def sample_walk(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
         """The walk's sampler, at any K (``sample`` uses it for K >= 2; at K = 1 the tests compare it with gbv)."""
         walk = _Walk(block, self.effective_target(block, state), self.selection)
-        L = block.L
-        taus, sels, toks = [], [], []
-        for b in range(block.B):
-            sel = walk.select(b, uniforms)
-            h, dists = walk.gbv(b, sel)  # GBV along the selected draft, once per distinct draft
-            tau = int(last_accepted(h, uniforms.coins[b, 0]))
-            dist = dists[tau]
-            draw = uniforms.draws[b, L] if block.K > 1 else uniforms.draws[b, tau]
-            taus.append(tau)
+        B, L = block.B, block.L
+        # the walk's coins are uniforms.coins[:, 1] (at K = 1 there is no such row, and the walk reads no coin)
+        walk_coins, draws = uniforms.coins[:, min(1, block.K - 1)].tolist(), uniforms.draws.tolist()
+        sels, hs, dists = [], [], []
+        for b in range(B):
+            sel = walk.select(b, walk_coins[b], draws[b])
+            h, d, _ = walk.gbv(b, sel)  # GBV along the selected draft, once per distinct draft
             sels.append(sel)
-            toks.append(int(categorical(dist, draw)))
-        return Outcome(torch.tensor(taus, dtype=torch.long), torch.tensor(sels, dtype=torch.long),
-                       torch.tensor(toks, dtype=torch.long))
+            hs.append(h)
+            dists.append(d)
+        # GBV's exit and the extra token, for all instances at once (row by row the same sums)
+        tau = last_accepted(torch.stack(hs), uniforms.coins[:, 0])  # [B]
+        dist = torch.stack(dists)[torch.arange(B), tau]  # [B, V]
+        draw = uniforms.draws[:, L] if block.K > 1 else uniforms.draws.gather(1, tau.unsqueeze(1)).squeeze(1)
+        return Outcome(tau, torch.tensor(sels, dtype=torch.long), categorical(dist, draw))
 
     def reference(self, block: Block, uniforms: Uniforms, state: Any = None) -> Outcome:
         """Scalar transcription: the walk with K-SEQ's sequential coin tests spelled out, the survivor law by
@@ -323,6 +342,9 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
         p_all = self.effective_target(block, state)
         K, L, V = block.K, block.L, block.V
         taus, sels, toks = [], [], []
+        # step() below is a pure function of its arguments; the walk calls it again along the same prefixes
+        # (every depth restarts from the root, instances share rows), so its results are kept by argument
+        step_memo: dict[tuple, tuple[str, list[list[float]]]] = {}
         for b in range(block.B):
             D = block.tokens[b].tolist()
 
@@ -365,7 +387,7 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                     theta = new
                 return order, theta
 
-            def fill_choice(order: list[int], theta: list[float], tup: list[int]) -> dict[int, float]:
+            def fill_choice_by_marks(order: list[int], theta: list[float], tup: list[int]) -> dict[int, float]:
                 """Pr(token chosen | the survivors' tokens), by enumerating which survivors are marked."""
                 out: dict[int, float] = {}
                 for marks in itertools.product((0, 1), repeat=len(tup)):
@@ -378,7 +400,7 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
             def fill_pick(pr: list[float], qr: list[float], target: float, cand: list[int], u: float) -> int:
                 order, theta = fill_marks(pr, qr, target, len(cand))
                 cum = 0.0
-                choice = fill_choice(order, theta, cand)
+                choice = fill_choice_by_marks(order, theta, cand)
                 for x in sorted(set(cand), key=order.index):
                     cum += choice.get(x, 0.0)
                     if u < cum:
@@ -404,7 +426,7 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                         T[x][tup.count(x)] += w
                         continue
                     if rule == "fill":
-                        for x, c in fill_choice(*fill_marks(pr, qr, target, m), list(tup)).items():
+                        for x, c in fill_choice_by_marks(*fill_marks(pr, qr, target, m), list(tup)).items():
                             T[x][tup.count(x)] += w * c
                         continue
                     rest = w
@@ -420,6 +442,13 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
             # the law of the selected draft at a prefix, from its survivor law and the prefix's rows
             def step(pr: list[float], qr: list[float], P: float, Q: float,
                      pi: list[float]) -> tuple[str, list[list[float]]]:
+                key = (tuple(pr), tuple(qr), P, Q, tuple(pi))
+                if key not in step_memo:
+                    step_memo[key] = step_uncached(pr, qr, P, Q, pi)
+                return step_memo[key]
+
+            def step_uncached(pr: list[float], qr: list[float], P: float, Q: float,
+                              pi: list[float]) -> tuple[str, list[list[float]]]:
                 mixed = {}
                 for rule in ("kseq", "lex", "fill"):
                     acc = [[0.0] * (K + 1) for _ in range(V)]

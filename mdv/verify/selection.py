@@ -62,20 +62,28 @@ than CHOICE_TOL.
 root has pi = e_K.  Everything is a function of the prefix, so it is available off the drafted paths too
 (the target adjustment of later iterations walks it along the new drafts).
 
-Cost per prefix: O(V) per survivor count for ``kseq`` (rho* by bisection, the moments ``M_t = sum_y p_res(y)
-nu(y)^t`` for the fallback sum, expanded binomially) times O(K^2), one sort of V for ``lex`` and one for
-``fill`` (plus FILL_SWEEPS cumulative sums per survivor count).
+Cost per prefix (:func:`node_step`, :class:`NodeLaw`).  The walk reads the full row q_S(.|u) but the kernel
+T_m(x, .) only at the tokens it follows, so q_S comes from each rule's closed-form marginal ``sum_j T_m(x, j)``
+(:func:`lex_marginal`, :func:`kseq_marginal`, :func:`fill_marginal`: O(m V) per survivor count m) and the
+kernel rows from the same factors at one token (:meth:`NodeLaw.rows`).  One sort of V serves the three rules:
+``fill``'s rank order, K-SEQ's rho* (prefix sums in that order, :class:`SortedMasses`) and, above MEMO_MAX_V,
+``lex``'s c(x) (:func:`lex_below`); ``fill`` adds FILL_SWEEPS passes per survivor count for its marks.  The
+full kernels (:func:`lex_kernel`, :func:`kseq_kernel`, :func:`fill_kernel`, O(K^3 V) for K-SEQ) are the
+definitions the tests hold the fast law to.
 """
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from mdv.verify.mpbv import below_mass
-from mdv.verify.spectr import kseq_accept_prob, kseq_residual, kseq_rho
+from mdv.verify.mpbv import below_mass, power_sum, ratio_scores
+from mdv.verify.spectr import RHO_ITERS, kseq_accept_prob, kseq_residual, kseq_rho
 
 #: The token rules a prefix can use, and the walk modes of ``select_gbv``.
 RULES = ("kseq", "lex", "fill")
@@ -95,20 +103,6 @@ FILL_SWEEPS = 4
 FILL_EPS = 1e-6
 
 
-def lex_kernel(p: Tensor, q: Tensor, m: int, K: int, below: Tensor | None = None) -> Tensor:
-    """``T_m(x, j) = C(m, j) q(x)^j c(x)^(m-j)`` for j = 1..m (zeros for j = 0 and j > m).
-    p, q: [N, V]; below: c [N, V] if already computed (one sort of V) -> [N, V, K+1]."""
-    out = torch.zeros(*q.shape, K + 1, dtype=q.dtype, device=q.device)
-    if m == 1:
-        out[..., 1] = q
-        return out
-    c = below_mass(p, q)[0] if below is None else below  # [N, V]
-    q_pow, c_pow = _powers(q, m), _powers(c, m)
-    for j in range(1, m + 1):
-        out[..., j] = math.comb(m, j) * q_pow[j] * c_pow[m - j]
-    return out
-
-
 def _powers(x: Tensor, n: int) -> list[Tensor]:
     """[x^0, x^1, ..., x^n] by repeated products (x^0 = 1 also where x = 0)."""
     out = [torch.ones_like(x)]
@@ -117,23 +111,157 @@ def _powers(x: Tensor, n: int) -> list[Tensor]:
     return out
 
 
-def kseq_kernel(p: Tensor, q: Tensor, m: int, K: int) -> Tensor:
-    """K-SEQ with m survivors and the first-survivor fallback (module docstring).  p, q: [N, V] -> [N, V, K+1]."""
+def _single_terms(q: Tensor, K: int) -> Tensor:
+    """``T_1(x, j)``: one survivor is kept whatever the rule, so q(x) at j = 1.  q: [N, X] -> [N, X, K+1]."""
     out = torch.zeros(*q.shape, K + 1, dtype=q.dtype, device=q.device)
+    out[..., 1] = q
+    return out
+
+
+# ---------------------------------------------------------------------------------------- lex
+def _lex_terms(q: Tensor, c: Tensor, m: int, K: int) -> Tensor:
+    """``T_m(x, j) = C(m, j) q^j c^(m-j)`` elementwise: q, c [N, X] (at any X tokens) -> [N, X, K+1]."""
+    out = torch.zeros(*q.shape, K + 1, dtype=q.dtype, device=q.device)
+    q_pow, c_pow = _powers(q, m), _powers(c, m)
+    for j in range(1, m + 1):
+        out[..., j] = math.comb(m, j) * q_pow[j] * c_pow[m - j]
+    return out
+
+
+def lex_kernel(p: Tensor, q: Tensor, m: int, K: int, below: Tensor | None = None) -> Tensor:
+    """``T_m(x, j) = C(m, j) q(x)^j c(x)^(m-j)`` for j = 1..m (zeros for j = 0 and j > m).
+    p, q: [N, V]; below: c [N, V] if already computed (one sort of V) -> [N, V, K+1]."""
     if m == 1:
-        out[..., 1] = q
-        return out
-    rho = kseq_rho(p, q, m)  # [N]
+        return _single_terms(q, K)
+    return _lex_terms(q, below_mass(p, q)[0] if below is None else below, m, K)
+
+
+def lex_marginal(q: Tensor, c: Tensor, m: int) -> Tensor:
+    """``sum_j T_m(x, j) = (q + c)^m - c^m``, as ``q * sum_{i<m} (q + c)^i c^(m-1-i)`` (no cancellation where
+    q << c).  q, c: [N, V] -> [N, V]."""
+    return q if m == 1 else q * power_sum(q + c, c, m)
+
+
+def lex_below(p: Tensor, q: Tensor, order: Tensor) -> Tensor:
+    """``lex``'s ``c(x)`` (:func:`~mdv.verify.mpbv.below_mass`'s first output, the same sums bit for bit)
+    from ``fill``'s rank order instead of a second sort.  The two keys differ only on the tokens whose
+    clamped ratio r = min{1, p/q} is 1: ``lex`` ties them (ranked by id, smaller first), ``fill`` ranks them
+    by p/q.  So ``lex``'s order from the bottom is ``fill``'s reversed, less those tokens, then those tokens
+    by decreasing id.  One row at a time (for large V, where N is small).  p, q, order: [N, V] -> [N, V]."""
+    top = ratio_scores(p, q) == 1.0  # [N, V]
+    out = torch.empty_like(q)
+    for n in range(q.shape[0]):
+        ascending = order[n].flip(0)
+        seq = torch.cat([ascending[~top[n, ascending]], top[n].nonzero().squeeze(-1).flip(0)])
+        cum = q[n, seq].cumsum(0)
+        out[n, seq] = torch.cat([torch.zeros_like(cum[:1]), cum[:-1]])
+    return out
+
+
+# ---------------------------------------------------------------------------------------- kseq
+@dataclass(frozen=True)
+class KseqFactors:
+    """K-SEQ with m survivors at N prefixes: what the sampler, the kernel and its marginal share.
+    rho: [N]; beta, mu = q beta, nu = q - mu, o = r - nu, res (the K-SEQ residual): [N, V]; r = sum nu: [N, 1];
+    moments: ``M_t = sum_y res(y) nu(y)^t``, t < m, each [N, 1]."""
+
+    rho: Tensor
+    beta: Tensor
+    mu: Tensor
+    nu: Tensor
+    o: Tensor
+    res: Tensor
+    r: Tensor
+    moments: list[Tensor]
+
+
+class SortedMasses:
+    """rho* of K-SEQ (:func:`~mdv.verify.spectr.kseq_rho`: the same g, the same RHO_ITERS bisection steps on
+    [1, m], its upper end) with g's two sums read off prefix sums in ``fill``'s rank order.  For rho in the
+    bracket,
+
+        sum_x (q - p/rho)_+ = Q_<(rho) - P_<(rho) / rho,      sum_x (p - rho q)_+ = P_>(rho) - rho Q_>(rho) + P_0,
+
+    with P_<, Q_< the masses of the drafted tokens whose p/q < rho (a prefix of the order read from the
+    bottom), P_>, Q_> those whose p/q > rho (a suffix, summed from the top), and P_0 the target's mass on
+    undrafted tokens (q = 0 < p: always uncovered).  After the sort ``lex`` and ``fill`` share, a step costs two
+    binary searches instead of ``kseq_rho``'s pass over the entries still in the bracket.  The sums round
+    differently (~V eps), so the root moves by ~1e-13 relative and g with kseq_rho's exact sums may read
+    ~-1e-15 there, as it does at kseq_rho's own active-set result for large V.  p, q, order: [N, V]."""
+
+    def __init__(self, p: Tensor, q: Tensor, order: Tensor) -> None:
+        self.device = q.device  # the sums and the bisection run on the CPU; rho goes back to q's device
+        ascending = order.cpu().flip(-1)  # [N, V]: the tokens by increasing p/q
+        p_asc, q_asc = p.cpu().gather(-1, ascending), q.cpu().gather(-1, ascending)
+        drafted = q_asc > 0
+        p_drafted = torch.where(drafted, p_asc, torch.zeros_like(q_asc))  # undrafted: only in P_0
+        self.ratio = torch.where(drafted, p_drafted / torch.where(drafted, q_asc, torch.ones_like(q_asc)),
+                                 torch.zeros_like(q_asc)).numpy()  # [N, V], ascending in every row
+        undrafted_p = torch.where(drafted, torch.zeros_like(q_asc), p_asc).numpy()
+        self.p_zero = undrafted_p.astype(np.longdouble).sum(-1).astype(np.float64)  # [N], each row on its own
+
+        # running sums in extended precision (x87 long double where the platform has it): a float64
+        # cumsum over V terms drifts by ~V eps, which would move the root by ~1e-13 at V = 49152
+        def below_above(x: Tensor) -> tuple[np.ndarray, np.ndarray]:  # [N, V+1] each: the first i, the rest
+            cum = x.numpy().astype(np.longdouble).cumsum(-1)
+            below = np.concatenate([np.zeros((x.shape[0], 1), np.longdouble), cum], -1)
+            return below.astype(np.float64), (below[:, -1:] - below).astype(np.float64)
+
+        (self.p_below, self.p_above), (self.q_below, self.q_above) = below_above(p_drafted), below_above(q_asc)
+
+    def _counts(self, rho: np.ndarray, side: str) -> np.ndarray:
+        """Per row, how many ratios are < rho (side 'left') or <= rho ('right'): the searchsorted index.  Binary
+        searches row by row at large V; one comparison of the whole [N, V] block at small V (the same counts)."""
+        if self.ratio.shape[-1] > MEMO_MAX_V:
+            return np.array([np.searchsorted(r, x, side) for r, x in zip(self.ratio, rho)], dtype=np.int64)
+        hit = self.ratio < rho[:, None] if side == "left" else self.ratio <= rho[:, None]
+        return hit.sum(-1)
+
+    def gap(self, rho: np.ndarray, m: int) -> np.ndarray:
+        """g(rho) = (sum_x (q - p/rho)_+)^m - sum_x (p - rho q)_+ of every row, off the prefix sums.  rho: [N]"""
+        rows = np.arange(len(rho))
+        i, j = self._counts(rho, "left"), self._counts(rho, "right")
+        reject = np.clip(self.q_below[rows, i] - self.p_below[rows, i] / rho, 0.0, 1.0)
+        uncovered = np.maximum(self.p_zero + self.p_above[rows, j] - rho * self.q_above[rows, j], 0.0)
+        with np.errstate(divide="ignore"):  # log 0 = -inf where reject = 0; that entry takes the 0 branch
+            powered = np.where(reject > 0.0, np.exp(m * np.log(reject)), 0.0)
+        return powered - uncovered
+
+    def rho(self, m: int) -> Tensor:
+        """rho* with m >= 2 drafts for every row, all rows bisected at once (each row's steps are its own, so
+        a row gets the same bits alone or in a batch).  -> [N] float64"""
+        N = self.ratio.shape[0]
+        at_one = self.gap(np.ones(N), m) >= 0.0  # rho* = 1
+        lo, hi = np.ones(N), np.full(N, float(m))
+        for _ in range(RHO_ITERS):
+            mid = 0.5 * (lo + hi)
+            ok = self.gap(mid, m) >= 0.0
+            hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+        return torch.tensor(np.where(at_one, 1.0, hi), dtype=torch.float64, device=self.device)
+
+
+def kseq_factors(p: Tensor, q: Tensor, m: int, rho: Tensor | None = None) -> KseqFactors:
+    """:class:`KseqFactors` of K-SEQ with m >= 2 survivors.  p, q: [N, V]; rho: [N] (default
+    :func:`~mdv.verify.spectr.kseq_rho`)."""
+    rho = kseq_rho(p, q, m) if rho is None else rho  # [N]
     beta = kseq_accept_prob(p, q, rho.unsqueeze(-1))  # [N, V]
     mu = q * beta
     nu = (q - mu).clamp_min(0.0)
     r = nu.sum(-1, keepdim=True)  # [N, 1]
     o = (r - nu).clamp_min(0.0)  # [N, V]: rejected with another token
     res = kseq_residual(p, q, m, rho)  # [N, V]
-    nu_pow, o_pow, q_pow, notq_pow = _powers(nu, m), _powers(o, m), _powers(q, m), _powers(1.0 - q, m)
+    nu_pow = _powers(nu, m - 1)
     moments = [(res * nu_pow[t]).sum(-1, keepdim=True) for t in range(m)]  # M_t, t = 0..m-1
+    return KseqFactors(rho, beta, mu, nu, o, res, r, moments)
+
+
+def _kseq_terms(f: KseqFactors, q: Tensor, idx: Tensor, m: int, K: int) -> Tensor:
+    """K-SEQ's ``T_m(x, j)`` (module docstring) at the tokens idx [N, X] -> [N, X, K+1]; q: [N, V]."""
+    mu, nu, o, res, qx = (t.gather(-1, idx) for t in (f.mu, f.nu, f.o, f.res, q))
+    out = torch.zeros(*idx.shape, K + 1, dtype=q.dtype, device=q.device)
+    nu_pow, o_pow, q_pow, notq_pow = _powers(nu, m), _powers(o, m), _powers(qx, m), _powers(1.0 - qx, m)
     for j in range(1, m + 1):
-        first = torch.zeros_like(q)
+        first = torch.zeros_like(qx)
         for i in range(1, m + 1):
             for b in range(0, min(i - 1, j - 1) + 1):
                 a = j - 1 - b
@@ -143,19 +271,46 @@ def kseq_kernel(p: Tensor, q: Tensor, m: int, K: int) -> Tensor:
         first = first * mu
         drafted = math.comb(m, j) * nu_pow[j] * o_pow[m - j] * res
         n = m - j  # sum_{y != x} p_res(y) (o_x - nu(y))^n, binomially from the moments
-        others = torch.zeros_like(q)
+        others = torch.zeros_like(qx)
         for t in range(n + 1):
-            others = others + (math.comb(n, t) * (-1.0) ** t) * o_pow[n - t] * (moments[t] - res * nu_pow[t])
+            others = others + (math.comb(n, t) * (-1.0) ** t) * o_pow[n - t] * (f.moments[t] - res * nu_pow[t])
         fallback = math.comb(m - 1, j - 1) * nu_pow[j] * others.clamp_min(0.0)
         out[..., j] = first + drafted + fallback
     return out
 
 
+def kseq_kernel(p: Tensor, q: Tensor, m: int, K: int) -> Tensor:
+    """K-SEQ with m survivors and the first-survivor fallback (module docstring).  p, q: [N, V] -> [N, V, K+1]."""
+    if m == 1:
+        return _single_terms(q, K)
+    every = torch.arange(q.shape[-1], device=q.device).expand(q.shape)
+    return _kseq_terms(kseq_factors(p, q, m), q, every, m, K)
+
+
+def kseq_marginal(f: KseqFactors, m: int) -> Tensor:
+    """``sum_j T_m(x, j)`` of K-SEQ in closed form, O(m V):
+
+        mu(x) sum_{i<m} r^i                                  (a draft accepted with x, the earlier ones rejected)
+      + res(x) nu(x) sum_{i<m} r^i o_x^(m-1-i)                (all rejected, y = x drafted: r^m - o_x^m)
+      + nu(x) (sum_y res(y) o_y^(m-1) - res(x) o_x^(m-1))     (fallback: the first survivor has x, none has y)
+
+    (summing the kernel's binomials over j).  -> [N, V]."""
+    o_last = f.o ** (m - 1)
+    fallback = ((f.res * o_last).sum(-1, keepdim=True) - f.res * o_last).clamp_min(0.0)
+    return (f.mu * power_sum(f.r, torch.ones_like(f.r), m) + f.res * f.nu * power_sum(f.r, f.o, m)
+            + f.nu * fallback)
+
+
+# ---------------------------------------------------------------------------------------- fill
 def fill_order(p: Tensor, q: Tensor) -> Tensor:
     """Token ids in ``fill``'s rank order, best first: ``(p/q, -x)`` descending (p/q := 0 where q = 0, a
-    token that is never drafted).  p, q: [N, V] -> [N, V]."""
-    ratio = torch.where(q > 0, p / torch.where(q > 0, q, torch.ones_like(q)), torch.zeros_like(q))
-    return torch.sort(ratio, dim=-1, descending=True, stable=True).indices
+    token that is never drafted).  p, q: [N, V] -> [N, V].
+
+    The ratios are >= 0, so their float64 bit patterns, read as int64, order like the values: a stable
+    ascending sort of the negated patterns is the same permutation as a stable descending float sort, ~4x
+    faster on CPU at V = 49k (tests/test_verify_select_gbv.py).  ``+ 0.0`` turns -0.0 into +0.0 first."""
+    ratio = torch.where(q > 0, p / torch.where(q > 0, q, torch.ones_like(q)), torch.zeros_like(q)) + 0.0
+    return torch.sort(-ratio.contiguous().view(torch.int64), dim=-1, stable=True).indices
 
 
 def _exclusive_cumsum(x: Tensor) -> Tensor:
@@ -163,9 +318,19 @@ def _exclusive_cumsum(x: Tensor) -> Tensor:
     return torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], -1)
 
 
+def _int_power(x: Tensor, m: int) -> Tensor:
+    """``x^m`` for a small integer m by products (a float ``pow`` costs ~20x a product on CPU)."""
+    out = x
+    for _ in range(m - 1):
+        out = out * x
+    return out
+
+
 def _fill_root(d: Tensor, m: int) -> Tensor:
-    """``d^(1/m)``, replaced below FILL_EPS by the line through (FILL_EPS, FILL_EPS^(1/m)) and 0: Lipschitz."""
-    return torch.where(d >= FILL_EPS, d ** (1.0 / m), d * FILL_EPS ** (1.0 / m - 1.0))
+    """``d^(1/m)``, replaced below FILL_EPS by the line through (FILL_EPS, FILL_EPS^(1/m)) and 0: Lipschitz.
+    Square roots where m is 2 or 4 (cheaper than ``pow``)."""
+    root = d.sqrt() if m == 2 else d.sqrt().sqrt() if m == 4 else d ** (1.0 / m)
+    return torch.where(d >= FILL_EPS, root, d * FILL_EPS ** (1.0 / m - 1.0))
 
 
 def fill_marks(q: Tensor, target: Tensor, order: Tensor, m: int) -> Tensor:
@@ -176,7 +341,7 @@ def fill_marks(q: Tensor, target: Tensor, order: Tensor, m: int) -> Tensor:
     theta = torch.ones_like(qs)
     for _ in range(FILL_SWEEPS):
         s = (1.0 - _exclusive_cumsum(qs * theta)).clamp(0.0, 1.0)  # unmarked-above mass 1 - a(x)
-        rest = _fill_root((s ** m - ts).clamp_min(0.0), m)
+        rest = _fill_root((_int_power(s, m) - ts).clamp_min(0.0), m)
         theta = torch.where(drafted, ((s - rest) / torch.where(drafted, qs, torch.ones_like(qs))).clamp(0.0, 1.0),
                             torch.zeros_like(qs))
     return torch.empty_like(theta).scatter_(-1, order, theta)
@@ -190,22 +355,64 @@ def fill_rule(p: Tensor, q: Tensor, ratio: Tensor, m: int, order: Tensor | None 
     return fill_marks(q, ratio.unsqueeze(-1) * p, order, m), order
 
 
-def fill_kernel(q: Tensor, theta: Tensor, order: Tensor, m: int, K: int) -> Tensor:
-    """``fill``'s T_m(x, j) (module docstring).  q, theta, order: [N, V] -> [N, V, K+1]."""
-    out = torch.zeros(*q.shape, K + 1, dtype=q.dtype, device=q.device)
-    if m == 1:
-        out[..., 1] = q
-        return out
+@dataclass(frozen=True)
+class FillFactors:
+    """``fill`` with m survivors at N prefixes.  theta, order: [N, V] (token space); in rank order [N, V]: qs,
+    ths (theta), marked = qs ths, unmarked = qs (1 - ths), others (a draft neither x nor marked above x),
+    below (unmarked mass ranked below x)."""
+
+    theta: Tensor
+    order: Tensor
+    qs: Tensor
+    ths: Tensor
+    marked: Tensor
+    unmarked: Tensor
+    others: Tensor
+    below: Tensor
+
+    def rank(self) -> Tensor:
+        """[N, V]: the position of each token in the order."""
+        pos = torch.arange(self.order.shape[-1], device=self.order.device).expand(self.order.shape)
+        return torch.empty_like(self.order).scatter_(-1, self.order, pos)
+
+
+def fill_factors(q: Tensor, theta: Tensor, order: Tensor) -> FillFactors:
+    """:class:`FillFactors` from the marks theta and the rank order.  q, theta, order: [N, V]."""
     qs, ths = q.gather(-1, order), theta.gather(-1, order)  # [N, V] in rank order
     marked, unmarked = qs * ths, qs * (1.0 - ths)
-    others = (1.0 - qs - _exclusive_cumsum(marked)).clamp_min(0.0)  # a draft neither x nor marked above x
-    below = (unmarked.sum(-1, keepdim=True) - unmarked.cumsum(-1)).clamp_min(0.0)  # unmarked, ranked below x
+    others = (1.0 - qs - _exclusive_cumsum(marked)).clamp_min(0.0)
+    below = (unmarked.sum(-1, keepdim=True) - unmarked.cumsum(-1)).clamp_min(0.0)
+    return FillFactors(theta, order, qs, ths, marked, unmarked, others, below)
+
+
+def _fill_terms(f: FillFactors, pos: Tensor, m: int, K: int) -> Tensor:
+    """``fill``'s T_m(x, j) (module docstring) at rank positions pos [N, X] -> [N, X, K+1]."""
+    qs, ths, others, unmarked, below = (t.gather(-1, pos) for t in (f.qs, f.ths, f.others, f.unmarked, f.below))
+    out = torch.zeros(*pos.shape, K + 1, dtype=qs.dtype, device=qs.device)
     q_pow, keep_pow, o_pow = _powers(qs, m), _powers(1.0 - ths, m), _powers(others, m)
     u_pow, b_pow = _powers(unmarked, m), _powers(below, m)
     for j in range(1, m + 1):
-        kern = math.comb(m, j) * (q_pow[j] * (1.0 - keep_pow[j]) * o_pow[m - j] + u_pow[j] * b_pow[m - j])
-        out[..., j] = torch.empty_like(kern).scatter_(-1, order, kern)
+        out[..., j] = math.comb(m, j) * (q_pow[j] * (1.0 - keep_pow[j]) * o_pow[m - j] + u_pow[j] * b_pow[m - j])
     return out
+
+
+def fill_kernel(q: Tensor, theta: Tensor, order: Tensor, m: int, K: int) -> Tensor:
+    """``fill``'s T_m(x, j) (module docstring).  q, theta, order: [N, V] -> [N, V, K+1]."""
+    if m == 1:
+        return _single_terms(q, K)
+    f = fill_factors(q, theta, order)
+    return _fill_terms(f, f.rank(), m, K)
+
+
+def fill_marginal(f: FillFactors, m: int) -> Tensor:
+    """``sum_j T_m(x, j)`` of ``fill`` in closed form, O(m V), in token space:
+
+        (q + o)^m - (u + o)^m + (u + b)^m - b^m = q theta sum_{i<m} (q+o)^i (u+o)^(m-1-i) + u sum_{i<m} (u+b)^i b^(m-1-i)
+
+    (o = others, u = unmarked, b = below; the differences as sums, so no cancellation).  -> [N, V]."""
+    ranked = (f.marked * power_sum(f.qs + f.others, f.unmarked + f.others, m)
+              + f.unmarked * power_sum(f.unmarked + f.below, f.below, m))
+    return torch.empty_like(ranked).scatter_(-1, f.order, ranked)
 
 
 def fill_choice(theta: Tensor, rank: Tensor, toks: list[int]) -> list[tuple[int, float]]:
@@ -221,65 +428,145 @@ def fill_choice(theta: Tensor, rank: Tensor, toks: list[int]) -> list[tuple[int,
     return out
 
 
+# ---------------------------------------------------------------------------------------- one prefix
 #: Single rows up to this vocabulary size go through a memo of :func:`node_step` (the exact oracle's toys, V <= 8,
-#: walk the same prefixes again and again; real rows are never repeated).  The bound keeps the memo's
-#: 2^14 entries of [V, K+1] float64 under ~50 MB.
+#: walk the same prefixes again and again; real rows are never repeated), and their kernel rows are tabulated
+#: for every token on first use.  Above it, ``lex`` reads its order off ``fill``'s sort (:func:`lex_below`).
+#: The bound keeps the memo's 2^14 entries of [V, K+1] float64 under ~50 MB.
 MEMO_MAX_V = 64
 
 
-def node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> tuple[Tensor, Tensor]:
+class NodeLaw:
+    """The selected law at N prefixes u, as :func:`node_step` leaves it.
+
+    ``rule`` [N] (index in RULES), ``q_sel`` [N, V] = q_S(.|u) (closed-form marginals: the walk reads the
+    full row), and on demand the kernel rows ``sum_m pi(m) T_m(x, .)`` [N, K+1] at one token per prefix
+    (:meth:`rows`: pi_{u·x} is needed only at tokens the walk follows) and the per-count factors of a rule
+    (:meth:`kseq`, :meth:`fill`: the sampler's beta, residual and marks are the law's own)."""
+
+    def __init__(self, p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, order: Tensor | None,
+                 below: Tensor | None) -> None:
+        self.p, self.q, self.ratio, self.pi = p, q, ratio, pi  # [N, V], [N, V], [N], [N, K+1]
+        self.K = pi.shape[-1] - 1
+        self.order, self.below = order, below  # fill's rank order, lex's c (when some count m >= 2)
+        self.counts = [m for m in range(1, self.K + 1) if bool((pi[:, m] > 0).any())]
+        self.rule = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
+        self.q_sel = q
+        self._factors: dict[tuple[str, int], Any] = {}
+        self._table: Tensor | None = None
+        self._masses: SortedMasses | None = None
+
+    def kseq(self, m: int) -> KseqFactors:
+        if ("kseq", m) not in self._factors:
+            # rho* off the shared sort at every V: also at the toys' V <= 8, one sort and a scalar bisection
+            # cost ~1 ms against ~7 ms for kseq_rho's bisection of tensor steps (and agree to ~1e-16)
+            if self._masses is None:
+                if self.order is None:
+                    self.order = fill_order(self.p, self.q)
+                self._masses = SortedMasses(self.p, self.q, self.order)
+            self._factors["kseq", m] = kseq_factors(self.p, self.q, m, self._masses.rho(m))
+        return self._factors["kseq", m]
+
+    def fill(self, m: int) -> FillFactors:
+        if ("fill", m) not in self._factors:
+            if self.order is None:
+                self.order = fill_order(self.p, self.q)
+            theta, _ = fill_rule(self.p, self.q, self.ratio, m, self.order)
+            self._factors["fill", m] = fill_factors(self.q, theta, self.order)
+        return self._factors["fill", m]
+
+    def lex_c(self) -> Tensor:
+        if self.below is None:
+            self.below = below_mass(self.p, self.q)[0]
+        return self.below
+
+    def marginal(self, rule: str) -> Tensor:
+        """q_S^rule(.|u) = sum_m pi(m) sum_j T_m(., j)  [N, V]."""
+        acc = torch.zeros_like(self.q)
+        for m in self.counts:
+            if m == 1:
+                marg = self.q
+            elif rule == "lex":
+                marg = lex_marginal(self.q, self.lex_c(), m)
+            elif rule == "fill":
+                marg = fill_marginal(self.fill(m), m)
+            else:
+                marg = kseq_marginal(self.kseq(m), m)
+            acc = acc + self.pi[:, m, None] * marg
+        return acc
+
+    def _rows_at(self, idx: Tensor) -> Tensor:
+        """sum_m pi(m) T_m(x, .) of each prefix's rule at the tokens idx [N, X] -> [N, X, K+1]."""
+        out = torch.zeros(*idx.shape, self.K + 1, dtype=self.q.dtype, device=self.q.device)
+        for r in self.rule.unique().tolist():
+            rule, acc = RULES[r], torch.zeros_like(out)
+            for m in self.counts:
+                if m == 1:
+                    terms = _single_terms(self.q.gather(-1, idx), self.K)
+                elif rule == "lex":
+                    terms = _lex_terms(self.q.gather(-1, idx), self.lex_c().gather(-1, idx), m, self.K)
+                elif rule == "fill":
+                    f = self.fill(m)
+                    terms = _fill_terms(f, f.rank().gather(-1, idx), m, self.K)
+                else:
+                    terms = _kseq_terms(self.kseq(m), self.q, idx, m, self.K)
+                acc = acc + self.pi[:, m, None, None] * terms
+            out = torch.where((self.rule == r)[:, None, None], acc, out)
+        return out
+
+    def rows(self, tok: Tensor) -> Tensor:
+        """tok [N] -> [N, K+1]: ``sum_m pi(m) T_m(tok, .)``; at V <= MEMO_MAX_V from a table of every token."""
+        V = self.q.shape[-1]
+        if V <= MEMO_MAX_V:
+            if self._table is None:
+                self._table = self._rows_at(torch.arange(V, device=self.q.device).expand(self.q.shape))
+            return self._table.gather(1, tok.view(-1, 1, 1).expand(-1, 1, self.K + 1)).squeeze(1)
+        return self._rows_at(tok.view(-1, 1))[:, 0]
+
+
+def node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
     """One prefix of the walk.
 
     p, q: [N, V] rows at the prefix (p: the law the verifier checks against); ratio: [N] P(u)/Q_S(u);
-    pi: [N, K+1] survivor-count law at the prefix.
-    Returns (rule [N] long, the index in RULES of the rule used, nxt [N, V, K+1] = sum_m pi(m) T_m(x, .)):
-    q_S(x|u) = nxt.sum(-1) and pi_{u·x} = nxt[:, x] / q_S(x|u).
+    pi: [N, K+1] survivor-count law at the prefix.  Returns the :class:`NodeLaw`: the rule used at each
+    prefix, q_S(x|u) = ``q_sel`` and pi_{u·x} = ``rows(x) / rows(x).sum()`` (:func:`advance_survivors`).
     """
     if p.shape[0] == 1 and p.shape[-1] <= MEMO_MAX_V and p.device.type == "cpu":
         p64, q64, r64, pi64 = (x.to(torch.float64).contiguous() for x in (p, q, ratio, pi))
-        rule, nxt = _node_step_memo(p64.numpy().tobytes(), q64.numpy().tobytes(), float(r64[0]),
-                                    pi64.numpy().tobytes(), mode)
-        return rule.clone(), nxt.clone()
+        return _node_step_memo(p64.numpy().tobytes(), q64.numpy().tobytes(), float(r64[0]),
+                               pi64.numpy().tobytes(), mode)
     return _node_step(p, q, ratio, pi, mode)
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _node_step_memo(p: bytes, q: bytes, ratio: float, pi: bytes, mode: str) -> tuple[Tensor, Tensor]:
+def _node_step_memo(p: bytes, q: bytes, ratio: float, pi: bytes, mode: str) -> NodeLaw:
     rows = [torch.frombuffer(bytearray(x), dtype=torch.float64).reshape(1, -1) for x in (p, q, pi)]
     return _node_step(rows[0], rows[1], torch.tensor([ratio], dtype=torch.float64), rows[2], mode)
 
 
-def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> tuple[Tensor, Tensor]:
-    K = pi.shape[-1] - 1
+def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
     rules = RULES if mode == "choose" else (mode,)
-    counts = [m for m in range(1, K + 1) if bool((pi[:, m] > 0).any())]
-    several = any(m > 1 for m in counts)
-    below = below_mass(p, q)[0] if "lex" in rules and several else None  # one sort per prefix
-    order = fill_order(p, q) if "fill" in rules and several else None  # and one for fill
-    mixed = []
-    for rule in rules:
-        acc = torch.zeros(*q.shape, K + 1, dtype=q.dtype, device=q.device)
-        for m in counts:
-            if rule == "lex":
-                kernel = lex_kernel(p, q, m, K, below)
-            elif rule == "fill":
-                kernel = fill_kernel(q, *fill_rule(p, q, ratio, m, order), m, K) if m > 1 else lex_kernel(p, q, 1, K)
-            else:
-                kernel = kseq_kernel(p, q, m, K)
-            acc = acc + pi[:, m, None, None] * kernel
-        mixed.append(acc)
+    several = any(bool((pi[:, m] > 0).any()) for m in range(2, pi.shape[-1]))  # some count m >= 2
+    large = q.shape[-1] > MEMO_MAX_V
+    order = fill_order(p, q) if several and ("fill" in rules or ("lex" in rules and large)) else None
+    below = lex_below(p, q, order) if several and "lex" in rules and large else None  # one sort for both
+    law = NodeLaw(p, q, ratio, pi, order, below)
+    marginals = [law.marginal(rule) for rule in rules]
     if mode != "choose":
-        return torch.full_like(ratio, RULES.index(mode), dtype=torch.long), mixed[0]
+        law.rule = torch.full_like(ratio, RULES.index(mode), dtype=torch.long)
+        law.q_sel = marginals[0]
+        return law
     target = ratio.unsqueeze(-1) * p  # [N, V]
-    best, nxt = torch.zeros_like(ratio, dtype=torch.long), mixed[0]
-    best_score = torch.minimum(target, nxt.sum(-1)).sum(-1)  # [N]
+    best, q_sel = torch.zeros_like(ratio, dtype=torch.long), marginals[0]
+    best_score = torch.minimum(target, q_sel).sum(-1)  # [N]
     for r in range(1, len(RULES)):
-        score = torch.minimum(target, mixed[r].sum(-1)).sum(-1)
+        score = torch.minimum(target, marginals[r]).sum(-1)
         better = score > best_score + CHOICE_TOL
         best = torch.where(better, torch.full_like(best, r), best)
         best_score = torch.where(better, score, best_score)
-        nxt = torch.where(better[:, None, None], mixed[r], nxt)
-    return best, nxt
+        q_sel = torch.where(better[:, None], marginals[r], q_sel)
+    law.rule, law.q_sel = best, q_sel
+    return law
 
 
 def root_survivors(K: int, like: Tensor) -> Tensor:
@@ -289,13 +576,15 @@ def root_survivors(K: int, like: Tensor) -> Tensor:
     return pi
 
 
-def advance_survivors(nxt: Tensor, tok: Tensor) -> tuple[Tensor, Tensor]:
-    """(q_S(tok|u) [N], pi_{u·tok} [N, K+1]) from :func:`node_step`'s ``nxt`` [N, V, K+1] and tok [N]."""
-    row = nxt.gather(1, tok.view(-1, 1, 1).expand(-1, 1, nxt.shape[-1])).squeeze(1)  # [N, K+1]
-    mass = row.sum(-1)
-    pi = row / torch.where(mass > 0, mass, torch.ones_like(mass)).unsqueeze(-1)
-    return mass, pi
+def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
+    """(q_S(tok|u) [N], pi_{u·tok} [N, K+1]) from :func:`node_step`'s law and tok [N]."""
+    row = law.rows(tok)  # [N, K+1]
+    total = row.sum(-1)
+    pi = row / torch.where(total > 0, total, torch.ones_like(total)).unsqueeze(-1)
+    return law.q_sel.gather(-1, tok.view(-1, 1)).squeeze(-1), pi
 
 
-__all__ = ["RULES", "MODES", "CHOICE_TOL", "FILL_SWEEPS", "FILL_EPS", "lex_kernel", "kseq_kernel", "fill_order",
-           "fill_marks", "fill_rule", "fill_kernel", "fill_choice", "node_step", "root_survivors", "advance_survivors"]
+__all__ = ["RULES", "MODES", "CHOICE_TOL", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses",
+           "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "kseq_kernel", "kseq_factors", "kseq_marginal",
+           "fill_order", "fill_marks", "fill_rule", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
+           "node_step", "root_survivors", "advance_survivors"]

@@ -84,6 +84,14 @@ def _accept_all(m: Tensor, k: Tensor) -> Tensor:
     return -torch.expm1(k * torch.log(m))
 
 
+def kseq_gap(p: Tensor, q: Tensor, k: Tensor, rho: Tensor) -> Tensor:
+    """``g(rho) = (sum_x (q - p/rho)_+)^k - sum_x (p - rho q)_+`` (algorithms.md §3.1), the function whose
+    smallest root in [1, k] is rho*: ``rho beta(rho) - 1 + (1 - beta(rho))^k`` without its cancellation.
+    p, q: [N, V]; k, rho: [N] -> [N]."""
+    uncovered = (p - rho.unsqueeze(-1) * q).clamp_min(0.0).sum(-1)  # 1 - rho beta(rho)
+    return _pow(_reject(p, q, rho), k) - uncovered
+
+
 def kseq_rho(p: Tensor, q: Tensor, k: Tensor | int) -> Tensor:
     """rho* of K-SEQ for every row at once (algorithms.md §3.1).
 
@@ -97,10 +105,7 @@ def kseq_rho(p: Tensor, q: Tensor, k: Tensor | int) -> Tensor:
     Returns rho: [N] float64.
     """
     kk = _as_k(k, p[..., 0]).clamp_min(1.0)  # [N]
-
-    def g(pp: Tensor, qq: Tensor, kq: Tensor, rho: Tensor) -> Tensor:
-        uncovered = (pp - rho.unsqueeze(-1) * qq).clamp_min(0.0).sum(-1)  # 1 - rho beta(rho)
-        return _pow(_reject(pp, qq, rho), kq) - uncovered
+    g = kseq_gap
 
     rho = torch.ones_like(kk)
     # rows with rho* > 1; k = 1 rows keep rho = 1 (their bracket [1, 1] leaves hi = 1)
@@ -407,4 +412,4 @@ class SpecTr(Verifier):
                        torch.tensor(toks, dtype=torch.long))
 
 
-__all__ = ["SpecTr", "kseq_rho", "kseq_acceptance", "kseq_residual", "kseq_accept_prob", "RHO_ITERS"]
+__all__ = ["SpecTr", "kseq_rho", "kseq_gap", "kseq_acceptance", "kseq_residual", "kseq_accept_prob", "RHO_ITERS"]
