@@ -35,10 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
 import time
 import types
 from pathlib import Path
@@ -48,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mdv._cbuild import CompileError, build_library, c_compiler
 from mdv.errors import InvalidInputError
 from mdv.models.packed import LinearForwards, check_float32_cpu, float32_cpu_linears
 
@@ -68,10 +66,6 @@ _KERNEL_NAMES = {torch.float32: "panel_linear", torch.float16: "panel_linear_f16
 SIBLING_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "gcc"))
-
-
 def _cpu_has_avx2_fma() -> bool:
     try:
         return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")  # torch's AVX2 level includes FMA
@@ -87,17 +81,10 @@ def panel_kernel_status() -> tuple[bool, str]:
     """(True, "") when the panel kernel can be built and run here, else (False, why and what to do)."""
     if not _cpu_has_avx2_fma():
         return False, "the panel kernel needs an x86-64 CPU with AVX2 and FMA, which this machine lacks; run without panels"
-    if _compiler() is None:
+    if c_compiler() is None:
         return False, (f"the panel kernel is compiled on first use, but no C compiler was found"
                        f" ({os.environ.get('CC', 'gcc')!r} is not on PATH): install gcc or set CC, or run without panels")
     return True, ""
-
-
-def _kernel_path(cc: str) -> Path:
-    from mdv.assets.cache import cache_dir
-
-    key = hashlib.sha256(b"".join(src.read_bytes() for src in _SOURCES) + " ".join((cc, *_FLAGS)).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"mdv_kernels-{key}.so"
 
 
 @functools.lru_cache(maxsize=1)
@@ -107,19 +94,13 @@ def load_kernel_library() -> ctypes.CDLL:
     ok, why = panel_kernel_status()
     if not ok:
         raise InvalidInputError(why)
-    cc = _compiler()
+    cc = c_compiler()
     assert cc is not None
-    so = _kernel_path(cc)
-    if not so.exists():
-        so.parent.mkdir(parents=True, exist_ok=True)
-        tmp = so.with_name(f"{so.name}.{os.getpid()}.tmp")
-        proc = subprocess.run([cc, *_FLAGS, *map(str, _SOURCES), "-o", str(tmp)], capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0 or not tmp.exists():
-            tmp.unlink(missing_ok=True)
-            first = (proc.stderr or proc.stdout).strip().splitlines()
-            raise InvalidInputError(f"compiling the panel kernel with {cc} failed ({first[0] if first else 'no output'});"
-                                    " run without panels, or set CC to a compiler that accepts -mavx2 -mfma -mf16c -fopenmp")
-        os.replace(tmp, so)  # atomic: another process sees the old file or the whole new one
+    try:
+        so = build_library("mdv_kernels", _SOURCES, _FLAGS, cc)
+    except CompileError as exc:
+        raise InvalidInputError(f"compiling the panel kernel with {cc} failed ({exc});"
+                                " run without panels, or set CC to a compiler that accepts -mavx2 -mfma -mf16c -fopenmp") from None
     return ctypes.CDLL(str(so))
 
 
