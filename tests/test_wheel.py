@@ -60,13 +60,14 @@ def test_the_wheel_ships_the_configs_the_draft_and_the_kernel_source(venv: Path,
             " print(json.dumps([str(root), (root / 'conf' / 'config.yaml').is_file(),"
             " (root / 'conf' / 'hydra' / 'launcher' / 'slurm.yaml').is_file(),"
             " any((root / 'assets_data').glob('*.safetensors')),"
-            " all((root / 'models' / 'kernels' / c).is_file() for c in ('panel_linear.c', 'lean_layer.c'))]))")
+            " all((root / 'models' / 'kernels' / c).is_file() for c in ('panel_linear.c', 'lean_layer.c'))"
+            " and (root / 'verify' / 'kernels' / 'verify_loops.c').is_file()]))")
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr
     root, config, launcher, draft, kernel = json.loads(proc.stdout)
     assert Path(root).is_relative_to(venv) and not Path(root).is_relative_to(REPO)  # mdv from the wheel
-    assert config and launcher and draft and kernel  # the panel kernel's C source compiles from the wheel too
+    assert config and launcher and draft and kernel  # the C sources compile from the wheel too
 
 
 def test_mdv_help_and_an_unknown_command(venv: Path, tmp_path: Path) -> None:

@@ -68,8 +68,10 @@ T_m(x, .) only at the tokens it follows, so q_S comes from each rule's closed-fo
 kernel rows from the same factors at one token (:meth:`NodeLaw.rows`).  One sort of V serves the three rules:
 ``fill``'s rank order, K-SEQ's rho* (prefix sums in that order, :class:`SortedMasses`) and, above MEMO_MAX_V,
 ``lex``'s c(x) (:func:`lex_below`); ``fill`` adds FILL_SWEEPS passes per survivor count for its marks.  The
-full kernels (:func:`lex_kernel`, :func:`kseq_kernel`, :func:`fill_kernel`, O(K^3 V) for K-SEQ) are the
-definitions the tests hold the fast law to.
+loops among these (the sort, the prefix sums, rho*'s bisection, lex's c and fill's sweeps) run in C on CPU
+float64 rows (:mod:`mdv.verify.native`; torch and numpy are their references and the path on GPUs or without
+a C compiler), the closed-form algebra in torch.  The full kernels (:func:`lex_kernel`, :func:`kseq_kernel`,
+:func:`fill_kernel`, O(K^3 V) for K-SEQ) are the definitions the tests hold the fast law to.
 """
 from __future__ import annotations
 
@@ -83,6 +85,11 @@ import torch
 from torch import Tensor
 
 from mdv.verify.mpbv import below_mass, power_sum, ratio_scores
+from mdv.verify.native import fill_marks as native_fill_marks
+from mdv.verify.native import kseq_rho as native_kseq_rho
+from mdv.verify.native import lex_below as native_lex_below
+from mdv.verify.native import native_rows, rank_order
+from mdv.verify.native import sorted_masses as native_sorted_masses
 from mdv.verify.spectr import RHO_ITERS, kseq_accept_prob, kseq_residual, kseq_rho
 
 #: The token rules a prefix can use, and the walk modes of ``select_gbv``.
@@ -147,7 +154,14 @@ def lex_below(p: Tensor, q: Tensor, order: Tensor) -> Tensor:
     from ``fill``'s rank order instead of a second sort.  The two keys differ only on the tokens whose
     clamped ratio r = min{1, p/q} is 1: ``lex`` ties them (ranked by id, smaller first), ``fill`` ranks them
     by p/q.  So ``lex``'s order from the bottom is ``fill``'s reversed, less those tokens, then those tokens
-    by decreasing id.  One row at a time (for large V, where N is small).  p, q, order: [N, V] -> [N, V]."""
+    by decreasing id.  One pass of C per row on CPU float64 rows (:func:`mdv.verify.native.lex_below`),
+    else :func:`lex_below_torch`.  p, q, order: [N, V] -> [N, V]."""
+    lib = native_rows(p, q)
+    return lex_below_torch(p, q, order) if lib is None else native_lex_below(lib, p, q, order)
+
+
+def lex_below_torch(p: Tensor, q: Tensor, order: Tensor) -> Tensor:
+    """:func:`lex_below` in torch, one row at a time (for large V, where N is small)."""
     top = ratio_scores(p, q) == 1.0  # [N, V]
     out = torch.empty_like(q)
     for n in range(q.shape[0]):
@@ -191,8 +205,14 @@ class SortedMasses:
 
     def __init__(self, p: Tensor, q: Tensor, order: Tensor) -> None:
         self.device = q.device  # the sums and the bisection run on the CPU; rho goes back to q's device
-        ascending = order.cpu().flip(-1)  # [N, V]: the tokens by increasing p/q
-        p_asc, q_asc = p.cpu().gather(-1, ascending), q.cpu().gather(-1, ascending)
+        p, q, order = p.cpu(), q.cpu(), order.cpu()
+        lib = self._lib = native_rows(p, q)
+        if lib is not None:  # one pass of C per row (the same sums, sequential in long double)
+            self.ratio, self.p_below, self.p_above, self.q_below, self.q_above, self.p_zero = native_sorted_masses(
+                lib, p, q, order)
+            return
+        ascending = order.flip(-1)  # [N, V]: the tokens by increasing p/q
+        p_asc, q_asc = p.gather(-1, ascending), q.gather(-1, ascending)
         drafted = q_asc > 0
         p_drafted = torch.where(drafted, p_asc, torch.zeros_like(q_asc))  # undrafted: only in P_0
         self.ratio = torch.where(drafted, p_drafted / torch.where(drafted, q_asc, torch.ones_like(q_asc)),
@@ -210,10 +230,8 @@ class SortedMasses:
         (self.p_below, self.p_above), (self.q_below, self.q_above) = below_above(p_drafted), below_above(q_asc)
 
     def _counts(self, rho: np.ndarray, side: str) -> np.ndarray:
-        """Per row, how many ratios are < rho (side 'left') or <= rho ('right'): the searchsorted index.  Binary
-        searches row by row at large V; one comparison of the whole [N, V] block at small V (the same counts)."""
-        if self.ratio.shape[-1] > MEMO_MAX_V:
-            return np.array([np.searchsorted(r, x, side) for r, x in zip(self.ratio, rho)], dtype=np.int64)
+        """Per row, how many ratios are < rho (side 'left') or <= rho ('right'): one comparison of the whole
+        [N, V] block (the small-V path of :meth:`rho`)."""
         hit = self.ratio < rho[:, None] if side == "left" else self.ratio <= rho[:, None]
         return hit.sum(-1)
 
@@ -227,10 +245,29 @@ class SortedMasses:
             powered = np.where(reject > 0.0, np.exp(m * np.log(reject)), 0.0)
         return powered - uncovered
 
+    def _row_gap(self, n: int, rho: float, m: int) -> float:
+        """:meth:`gap` of row n in Python floats, the counts by binary search (:meth:`row_rho`'s step)."""
+        ratio = self.ratio[n]
+        i, j = int(np.searchsorted(ratio, rho, "left")), int(np.searchsorted(ratio, rho, "right"))
+        reject = min(max(float(self.q_below[n, i]) - float(self.p_below[n, i]) / rho, 0.0), 1.0)
+        uncovered = max(float(self.p_zero[n]) + float(self.p_above[n, j]) - rho * float(self.q_above[n, j]), 0.0)
+        return (math.exp(m * math.log(reject)) if reject > 0.0 else 0.0) - uncovered
+
     def rho(self, m: int) -> Tensor:
-        """rho* with m >= 2 drafts for every row, all rows bisected at once (each row's steps are its own, so
-        a row gets the same bits alone or in a batch).  -> [N] float64"""
-        N = self.ratio.shape[0]
+        """rho* with m >= 2 drafts for every row.  Each row's steps are its own, so a row gets the same bits
+        alone or in a batch.  Three implementations of one bisection, chosen by the machine and V only (so
+        every computation of one prefix within a process takes the same one): C (:func:`mdv.verify.native.
+        kseq_rho`, ~10 us a row) where the library is built; else above MEMO_MAX_V row by row in Python
+        floats (:meth:`_row_gap`, the C loop's reference: the same operations, the same bits; ~4 us a step
+        against ~50 us for a numpy step on one row, whose cost is the calls, not the work); else all rows at
+        once in numpy (one [N, V] comparison per step).  -> [N] float64"""
+        N, V = self.ratio.shape
+        lib = self._lib
+        if lib is not None:
+            masses = (self.ratio, self.p_below, self.p_above, self.q_below, self.q_above, self.p_zero)
+            return torch.tensor(native_kseq_rho(lib, masses, m, RHO_ITERS), dtype=torch.float64, device=self.device)
+        if V > MEMO_MAX_V:
+            return torch.tensor([self.row_rho(n, m) for n in range(N)], dtype=torch.float64, device=self.device)
         at_one = self.gap(np.ones(N), m) >= 0.0  # rho* = 1
         lo, hi = np.ones(N), np.full(N, float(m))
         for _ in range(RHO_ITERS):
@@ -238,6 +275,19 @@ class SortedMasses:
             ok = self.gap(mid, m) >= 0.0
             hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
         return torch.tensor(np.where(at_one, 1.0, hi), dtype=torch.float64, device=self.device)
+
+    def row_rho(self, n: int, m: int) -> float:
+        """rho* of row n by the bisection in Python floats (the C loop's reference)."""
+        if self._row_gap(n, 1.0, m) >= 0.0:  # rho* = 1
+            return 1.0
+        lo, hi = 1.0, float(m)
+        for _ in range(RHO_ITERS):
+            mid = 0.5 * (lo + hi)
+            if self._row_gap(n, mid, m) >= 0.0:
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
 
 def kseq_factors(p: Tensor, q: Tensor, m: int, rho: Tensor | None = None) -> KseqFactors:
@@ -304,7 +354,15 @@ def kseq_marginal(f: KseqFactors, m: int) -> Tensor:
 # ---------------------------------------------------------------------------------------- fill
 def fill_order(p: Tensor, q: Tensor) -> Tensor:
     """Token ids in ``fill``'s rank order, best first: ``(p/q, -x)`` descending (p/q := 0 where q = 0, a
-    token that is never drafted).  p, q: [N, V] -> [N, V].
+    token that is never drafted).  p, q: [N, V] -> [N, V].  A stable radix sort in C on CPU float64 rows
+    (:func:`mdv.verify.native.rank_order`, ~0.3 ms at V = 49k against ~3.5 ms), the same permutation as
+    :func:`fill_order_torch`."""
+    lib = native_rows(p, q)
+    return fill_order_torch(p, q) if lib is None else rank_order(lib, p, q)
+
+
+def fill_order_torch(p: Tensor, q: Tensor) -> Tensor:
+    """:func:`fill_order` in torch (its reference, and the path on GPUs or without a C compiler).
 
     The ratios are >= 0, so their float64 bit patterns, read as int64, order like the values: a stable
     ascending sort of the negated patterns is the same permutation as a stable descending float sort, ~4x
@@ -330,12 +388,26 @@ def _fill_root(d: Tensor, m: int) -> Tensor:
     """``d^(1/m)``, replaced below FILL_EPS by the line through (FILL_EPS, FILL_EPS^(1/m)) and 0: Lipschitz.
     Square roots where m is 2 or 4 (cheaper than ``pow``)."""
     root = d.sqrt() if m == 2 else d.sqrt().sqrt() if m == 4 else d ** (1.0 / m)
-    return torch.where(d >= FILL_EPS, root, d * FILL_EPS ** (1.0 / m - 1.0))
+    return torch.where(d >= FILL_EPS, root, d * _fill_line(m))
+
+
+def _fill_line(m: int) -> float:
+    """The slope of ``fill``'s root below FILL_EPS: FILL_EPS^(1/m - 1) (one Python float for both paths)."""
+    return FILL_EPS ** (1.0 / m - 1.0)
 
 
 def fill_marks(q: Tensor, target: Tensor, order: Tensor, m: int) -> Tensor:
     """theta [N, V]: the mark probabilities of ``fill`` with m survivors (module docstring), from the targets
-    t = (P(u)/Q_S(u)) p [N, V] and the rank order [N, V]."""
+    t = (P(u)/Q_S(u)) p [N, V] and the rank order [N, V].  One C pass per sweep on CPU float64 rows
+    (:func:`mdv.verify.native.fill_marks`), else :func:`fill_marks_torch`."""
+    lib = native_rows(q, target)
+    if lib is None:
+        return fill_marks_torch(q, target, order, m)
+    return native_fill_marks(lib, q, target, order, m, FILL_SWEEPS, FILL_EPS, _fill_line(m))
+
+
+def fill_marks_torch(q: Tensor, target: Tensor, order: Tensor, m: int) -> Tensor:
+    """:func:`fill_marks` in torch: its reference, and the path on GPUs or without a C compiler."""
     qs, ts = q.gather(-1, order), target.gather(-1, order)  # [N, V] in rank order
     drafted = qs > 0
     theta = torch.ones_like(qs)
@@ -586,6 +658,6 @@ def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
 
 
 __all__ = ["RULES", "MODES", "CHOICE_TOL", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses",
-           "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "kseq_kernel", "kseq_factors", "kseq_marginal",
-           "fill_order", "fill_marks", "fill_rule", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
+           "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "lex_below_torch", "kseq_kernel", "kseq_factors", "kseq_marginal",
+           "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
            "node_step", "root_survivors", "advance_survivors"]

@@ -1,0 +1,149 @@
+"""The verifiers' per-prefix loops over the vocabulary in C (``kernels/verify_loops.c``), with torch, numpy
+or Python floats as the reference of each.
+
+At V = 49,152 some per-prefix work is a loop, not tensor algebra, and costs far more in eager torch than
+its arithmetic: K-SEQ's rho* (a bisection whose steps each sum over the entries still in the bracket:
+~2.3 ms a row in torch and Python, ~0.1 ms here), and for ``select_gbv``'s selected-draft law the stable
+sort of the ratios, K-SEQ's prefix sums and rho* off them, ``lex``'s below-mass and ``fill``'s Jacobi
+sweeps (~20 elementwise torch operations a sweep, 4 sweeps per survivor count).  Each C function does one
+row in one pass, the same operations in the same order as its reference:
+
+==========================  =========================================================  ======================
+C (this module)             reference                                                  bits
+==========================  =========================================================  ======================
+:func:`kseq_rho_active`     :func:`mdv.verify.spectr._bisect_active_set`               its sums' rounding
+:func:`rank_order`          :func:`mdv.verify.selection.fill_order_torch`              the same permutation
+:func:`lex_below`           :func:`mdv.verify.mpbv.below_mass` (c)                     equal
+:func:`sorted_masses`       :class:`mdv.verify.selection.SortedMasses` (numpy)         equal (p_zero: 1e-15)
+:func:`kseq_rho`            :meth:`mdv.verify.selection.SortedMasses.row_rho`          equal
+:func:`fill_marks`          :func:`mdv.verify.selection.fill_marks_torch`              see below
+==========================  =========================================================  ======================
+
+``fill``'s sweeps equal a scalar transcription bit for bit (tests/test_verify_native.py); against the torch
+sweeps they differ where torch's vectorised sqrt and pow round differently, and the sweeps carry those
+last bits through their cumulative sums (1e-13 at V = 8, 1e-9 at V = 300, 1e-4 at V = 49,152: the
+recursion is that sensitive; the law is computed from the thetas actually used, so either is exact).
+
+Which path runs depends only on the machine (the library built or not) and the rows' device and dtype,
+never on the batch, so every computation of one prefix within a process takes the same path and gets the
+same law.  The library is portable C (no CPU flags), compiled on first use like the panel kernel
+(:mod:`mdv._cbuild`); without a C compiler, or if the build fails, the reference code runs: the same
+rules, only slower.  ``MDV_NATIVE_LOOPS=0`` forces the references (for comparisons).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mdv._cbuild import CompileError, build_library, c_compiler
+
+_SOURCES = (Path(__file__).with_name("kernels") / "verify_loops.c",)
+_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")  # lets the selects vectorise; no -ffast-math: every operation stays IEEE
+_c_long, _c_int, _c_double, _ptr = ctypes.c_long, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
+
+
+@functools.lru_cache(maxsize=1)
+def loops_library() -> ctypes.CDLL | None:
+    """The compiled library, or None where it cannot be built (no compiler, a failing one, or
+    ``MDV_NATIVE_LOOPS=0``): the callers then run the references."""
+    if os.environ.get("MDV_NATIVE_LOOPS", "1") == "0":
+        return None
+    cc = c_compiler()
+    if cc is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(build_library("mdv_verify_loops", _SOURCES, _FLAGS, cc)))
+    except (CompileError, OSError, TimeoutError):
+        return None
+    lib.kseq_rho_active.argtypes = [_c_long, _ptr, _ptr, _c_double, _c_int, _ptr]
+    lib.kseq_rho_active.restype = _c_double
+    lib.sel_rank_order.argtypes = [_c_long, _c_long, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr]
+    lib.sel_rank_order.restype = None
+    lib.sel_fill_marks.argtypes = [_c_long, _c_long, _ptr, _ptr, _ptr, _c_int, _c_int, _c_double, _c_double, _ptr, _ptr]
+    lib.sel_fill_marks.restype = None
+    lib.sel_lex_below.argtypes = [_c_long, _c_long, _ptr, _ptr, _ptr, _ptr]
+    lib.sel_lex_below.restype = None
+    lib.sel_sorted_masses.argtypes = [_c_long, _c_long] + [_ptr] * 9
+    lib.sel_sorted_masses.restype = None
+    lib.sel_kseq_rho.argtypes = [_c_long, _c_long, _c_int, _c_int] + [_ptr] * 7
+    lib.sel_kseq_rho.restype = None
+    return lib
+
+
+def native_rows(*rows: Tensor) -> ctypes.CDLL | None:
+    """The library when it is built and every tensor is a CPU float64 [N, V] block, else None."""
+    if not all(t.device.type == "cpu" and t.dtype == torch.float64 and t.dim() == 2 for t in rows):
+        return None
+    return loops_library()
+
+
+def kseq_rho_active(lib: ctypes.CDLL, p: Tensor, q: Tensor, k: float, iters: int) -> float:
+    """K-SEQ's rho* with k > 1 drafts for one row by the active-set bisection.  p, q: CPU float64 [V]."""
+    p, q = p.contiguous(), q.contiguous()
+    work = torch.empty(3 * q.shape[-1], dtype=torch.float64)
+    return float(lib.kseq_rho_active(q.shape[-1], p.data_ptr(), q.data_ptr(), float(k), iters, work.data_ptr()))
+
+
+def rank_order(lib: ctypes.CDLL, p: Tensor, q: Tensor) -> Tensor:
+    """``fill``'s rank order (best first) by a stable radix sort.  p, q: CPU float64 [N, V] -> int64 [N, V]."""
+    p, q = p.contiguous(), q.contiguous()
+    N, V = q.shape
+    order = torch.empty((N, V), dtype=torch.int64)
+    keys, keys2 = torch.empty(V, dtype=torch.int64), torch.empty(V, dtype=torch.int64)  # uint64 bits in C
+    idx2 = torch.empty(V, dtype=torch.int64)
+    lib.sel_rank_order(N, V, p.data_ptr(), q.data_ptr(), order.data_ptr(), keys.data_ptr(), keys2.data_ptr(),
+                       idx2.data_ptr())
+    return order
+
+
+def fill_marks(lib: ctypes.CDLL, q: Tensor, target: Tensor, order: Tensor, m: int, sweeps: int, eps: float,
+               line: float) -> Tensor:
+    """``fill``'s marks theta in token space.  q, target: CPU float64 [N, V]; order: [N, V] -> [N, V]."""
+    q, target, order = q.contiguous(), target.contiguous(), order.to(torch.int64).contiguous()
+    N, V = q.shape
+    theta = torch.empty((N, V), dtype=torch.float64)
+    work = torch.empty(4 * V, dtype=torch.float64)
+    lib.sel_fill_marks(N, V, q.data_ptr(), target.data_ptr(), order.data_ptr(), m, sweeps, eps, line,
+                       theta.data_ptr(), work.data_ptr())
+    return theta
+
+
+def lex_below(lib: ctypes.CDLL, p: Tensor, q: Tensor, order: Tensor) -> Tensor:
+    """``lex``'s c(x) off ``fill``'s order.  p, q: CPU float64 [N, V]; order: [N, V] -> [N, V]."""
+    p, q, order = p.contiguous(), q.contiguous(), order.to(torch.int64).contiguous()
+    out = torch.empty_like(q)
+    lib.sel_lex_below(q.shape[0], q.shape[1], p.data_ptr(), q.data_ptr(), order.data_ptr(), out.data_ptr())
+    return out
+
+
+def sorted_masses(lib: ctypes.CDLL, p: Tensor, q: Tensor, order: Tensor) -> tuple[np.ndarray, ...]:
+    """(ratio [N, V], p_below, p_above, q_below, q_above [N, V+1], p_zero [N]) of
+    :class:`~mdv.verify.selection.SortedMasses`, as numpy arrays.  p, q: CPU float64 [N, V]; order: [N, V]."""
+    p, q, order = p.contiguous(), q.contiguous(), order.to(torch.int64).contiguous()
+    N, V = q.shape
+    ratio = np.empty((N, V))
+    sums = [np.empty((N, V + 1)) for _ in range(4)]
+    p_zero = np.empty(N)
+    lib.sel_sorted_masses(N, V, p.data_ptr(), q.data_ptr(), order.data_ptr(), ratio.ctypes.data,
+                          *(a.ctypes.data for a in sums), p_zero.ctypes.data)
+    return (ratio, *sums, p_zero)
+
+
+def kseq_rho(lib: ctypes.CDLL, masses: tuple[np.ndarray, ...], m: int, iters: int) -> np.ndarray:
+    """K-SEQ's rho* with m drafts off :func:`sorted_masses`'s arrays (ratio, p_below, p_above, q_below,
+    q_above, p_zero; float64, C-contiguous).  -> [N]"""
+    ratio, *sums, p_zero = (np.ascontiguousarray(a, dtype=np.float64) for a in masses)
+    N, V = ratio.shape
+    rho = np.empty(N)
+    lib.sel_kseq_rho(N, V, m, iters, ratio.ctypes.data, *(a.ctypes.data for a in sums), p_zero.ctypes.data,
+                     rho.ctypes.data)
+    return rho
+
+
+__all__ = ["loops_library", "native_rows", "kseq_rho_active", "rank_order", "fill_marks", "lex_below", "sorted_masses", "kseq_rho"]

@@ -1,0 +1,232 @@
+"""Tests of the verifiers' C loops (mdv/verify/native.py, mdv/verify/kernels/verify_loops.c) against their
+references, on the same rows:
+
+* K-SEQ's rho* by the C active-set bisection: within 1e-13 of the Python one and of a bisection with
+  correctly rounded sums; ``spectr`` takes the same decisions with and without the library;
+* ``fill``'s rank order by radix sort is torch's stable sort's permutation, exactly (ties, zeros, one-hot
+  rows, several rows at once, every V);
+* ``lex``'s c(x) off that order equals ``mpbv.below_mass``'s, bit for bit;
+* K-SEQ's prefix sums equal the numpy ones, and rho* off them equals the Python-float bisection bit for bit;
+* ``fill``'s marks equal a scalar Python transcription of the C loop bit for bit (its cube root within
+  4 ulp of a correctly rounded one), and the torch sweeps to 1e-8 at V <= 300 (the sweeps amplify the last
+  bits of the roots: torch's vectorised sqrt and pow are not correctly rounded);
+* a row gets the same bits alone or in a batch;
+* without the library (no compiler, a failing compiler, ``MDV_NATIVE_LOOPS=0``) the references run:
+  ``select_gbv`` stays exact by enumeration and its laws agree with the C path's to 1e-12.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+import mdv
+from mdv.oracle import exact_law, target_law, total_variation
+from mdv.verify import native, selection, spectr
+from mdv.verify.base import Uniforms
+from mdv.verify.mpbv import below_mass
+from mdv.verify.selection import (FILL_EPS, FILL_SWEEPS, SortedMasses, fill_marks, fill_marks_torch, fill_order,
+                                  fill_order_torch, lex_below, lex_below_torch, node_step)
+from tests.conftest import toy_pair
+from tests.test_verify_select_gbv import _exactly_summed_rho, _rows_with_ties_and_zeros
+
+pytestmark = pytest.mark.skipif(native.loops_library() is None, reason="needs a C compiler")
+
+
+def _rows(rng: np.random.Generator, N: int, V: int) -> tuple[Tensor, Tensor]:
+    """N rows over V tokens: peaked softmax rows (the benchmark's kind) at V >= 20 with zeros, q = 0 < p,
+    p = q and tied ratios mixed in; Dirichlet rows below."""
+    if V < 20:
+        return (torch.tensor(rng.dirichlet(np.ones(V), size=N)), torch.tensor(rng.dirichlet(np.ones(V), size=N)))
+    p, q = _rows_with_ties_and_zeros(rng, N, V)
+    z = torch.tensor(rng.normal(size=(N, V))) * 3.0
+    q[0], p[0] = torch.softmax(z[0], -1), torch.softmax(z[0] + torch.tensor(rng.normal(size=V)), -1)
+    p[1] = q[1]  # every ratio 1
+    p[2] = 0.0
+    p[2, int(q[2].argmax())] = 1.0  # a one-hot target
+    return p, q
+
+
+SIZES = (3, 8, 70, 300, 5000)
+
+
+# ------------------------------------------------------------------------------------------ K-SEQ's rho*
+def test_kseq_rho_in_c_equals_the_python_active_set_and_the_exactly_summed_root(monkeypatch) -> None:
+    rng = np.random.default_rng(1)
+    worst_python, worst_exact = 0.0, 0.0
+    for V in (spectr.ACTIVE_SET_MIN_V, 5000):
+        p, q = _rows(rng, 5, V)
+        for m in (2, 3, 4, 8):
+            got = spectr.kseq_rho(p, q, m)
+            with monkeypatch.context() as patch:
+                patch.setattr(spectr, "native_rows", lambda *rows: None)
+                python = spectr.kseq_rho(p, q, m)
+            exact = torch.tensor([_exactly_summed_rho(p[n], q[n], m) for n in range(5)], dtype=torch.float64)
+            assert float(got[1]) == 1.0 and float(python[1]) == 1.0  # p = q: rho* = 1
+            assert torch.equal(got[3:4], spectr.kseq_rho(p[3:4], q[3:4], m))  # alone or in a batch
+            worst_python = max(worst_python, float(((got - python).abs() / python).max()))
+            worst_exact = max(worst_exact, float(((got - exact).abs() / exact).max()))
+    assert worst_python < 1e-13 and worst_exact < 1e-13, (worst_python, worst_exact)
+
+
+def test_spectr_takes_the_same_decisions_with_and_without_the_library(monkeypatch) -> None:
+    from mdv.bench.verifier import synthetic_block
+
+    gen = torch.Generator().manual_seed(2)
+    block = synthetic_block(2000, 4, 4, generator=gen, logit_scale=1.5)
+    verifier = mdv.get_verifier("spectr")
+    draws = [Uniforms.draw(1, 4, 4, gen) for _ in range(60)]
+    with_c = [verifier.sample(block, u) for u in draws]
+    monkeypatch.setattr(spectr, "native_rows", lambda *rows: None)
+    for u, want in zip(draws, with_c):
+        got = verifier.sample(block, u)
+        assert (got.tau.tolist(), got.sel.tolist(), got.token.tolist()) == (want.tau.tolist(), want.sel.tolist(),
+                                                                            want.token.tolist())
+    assert len({int(o.tau[0]) for o in with_c}) > 1  # the draws reach rejections, not only full blocks
+
+
+# ------------------------------------------------------------------------------------------ order, lex, masses
+@pytest.mark.parametrize("V", SIZES)
+def test_radix_order_is_the_stable_sorts_permutation(V: int) -> None:
+    p, q = _rows(np.random.default_rng(V), 5, V)
+    order = fill_order(p, q)
+    assert torch.equal(order, fill_order_torch(p, q))
+    assert torch.equal(order[3:4], fill_order(p[3:4], q[3:4]))  # alone or in a batch
+
+
+@pytest.mark.parametrize("V", SIZES)
+def test_lex_below_in_c_is_below_mass_bit_for_bit(V: int) -> None:
+    p, q = _rows(np.random.default_rng(100 + V), 5, V)
+    order = fill_order(p, q)
+    got = lex_below(p, q, order)
+    assert torch.equal(got, below_mass(p, q)[0]) and torch.equal(got, lex_below_torch(p, q, order))
+
+
+@pytest.mark.parametrize("V", SIZES)
+def test_sorted_masses_and_rho_in_c_equal_their_python_references(V: int, monkeypatch) -> None:
+    p, q = _rows(np.random.default_rng(200 + V), 5, V)
+    order = fill_order(p, q)
+    in_c = SortedMasses(p, q, order)
+    assert in_c._lib is not None
+    with monkeypatch.context() as patch:
+        patch.setattr(selection, "native_rows", lambda *rows: None)
+        in_numpy = SortedMasses(p, q, order)
+    assert in_numpy._lib is None
+    for name in ("ratio", "p_below", "p_above", "q_below", "q_above"):  # the same sequential sums
+        assert np.array_equal(getattr(in_c, name), getattr(in_numpy, name)), name
+    np.testing.assert_allclose(in_c.p_zero, in_numpy.p_zero, rtol=1e-15, atol=0)  # numpy sums pairwise
+    for m in (2, 3, 4, 7):
+        got = in_c.rho(m)
+        assert got.tolist() == [in_c.row_rho(n, m) for n in range(5)], m  # C == the Python floats, bit for bit
+        assert torch.equal(got[1:2], SortedMasses(p[1:2], q[1:2], order[1:2]).rho(m))  # alone or in a batch
+        if V >= 20:
+            assert float(got[1]) == 1.0  # p = q: rho* = 1
+        torch.testing.assert_close(got, in_numpy.rho(m), rtol=1e-14, atol=0)
+
+
+# ------------------------------------------------------------------------------------------ fill's marks
+def _cube_root(d: float) -> float:
+    """kernels/verify_loops.c's cube_root, operation for operation."""
+    r4 = math.sqrt(math.sqrt(d))
+    y = r4 * math.sqrt(math.sqrt(r4))
+    for _ in range(5):
+        y = (y + y + d / (y * y)) / 3.0
+    return y
+
+
+def _fill_marks_scalar(q: list[float], target: list[float], order: list[int], m: int) -> list[float]:
+    """kernels/verify_loops.c's sel_fill_marks for one row, in Python floats (the same operations, the same bits)."""
+    V = len(q)
+    qs, ts, th = [q[x] for x in order], [target[x] for x in order], [1.0] * V
+    line = FILL_EPS ** (1.0 / m - 1.0)
+    for _ in range(FILL_SWEEPS):
+        s, above = [0.0] * V, 0.0
+        for i in range(V):
+            s[i] = min(max(1.0 - above, 0.0), 1.0)
+            above = above + qs[i] * th[i]
+        for i in range(V):
+            pw = s[i]
+            for _ in range(m - 1):
+                pw = pw * s[i]
+            d = max(pw - ts[i], 0.0)
+            if d >= FILL_EPS:  # below it C computes the root too (0/0 at d = 0) and discards it
+                rest = (math.sqrt(d) if m == 2 else _cube_root(d) if m == 3 else math.sqrt(math.sqrt(d)) if m == 4
+                        else math.pow(d, 1.0 / m))
+            else:
+                rest = d * line
+            t = min(max((s[i] - rest) / (qs[i] if qs[i] > 0.0 else 1.0), 0.0), 1.0)
+            th[i] = t if qs[i] > 0.0 else 0.0
+    out = [0.0] * V
+    for i, x in enumerate(order):
+        out[x] = th[i]
+    return out
+
+
+def test_the_cube_root_is_within_4_ulp_of_a_correctly_rounded_one() -> None:
+    ds = np.concatenate([np.geomspace(FILL_EPS, 1.0, 20001), np.random.default_rng(0).uniform(FILL_EPS, 1.0, 20000)])
+    worst = max(abs(_cube_root(float(d)) - math.cbrt(float(d))) / math.ulp(math.cbrt(float(d))) for d in ds)
+    assert worst <= 4.0, worst
+
+
+@pytest.mark.parametrize("V", (3, 8, 70, 300))
+@pytest.mark.parametrize("m", (2, 3, 4, 5))
+def test_fill_marks_in_c_equal_the_scalar_transcription_and_the_torch_sweeps(V: int, m: int) -> None:
+    rng = np.random.default_rng(300 + 7 * V + m)
+    p, q = _rows(rng, 5, V)
+    ratio = torch.tensor(rng.uniform(0.2, 3.0, size=5))
+    target = ratio.unsqueeze(-1) * p
+    order = fill_order(p, q)
+    got = fill_marks(q, target, order, m)
+    for n in range(5):
+        want = _fill_marks_scalar(q[n].tolist(), target[n].tolist(), order[n].tolist(), m)
+        assert got[n].tolist() == want, n
+    assert torch.equal(got[2:3], fill_marks(q[2:3], target[2:3], order[2:3], m))  # alone or in a batch
+    assert bool(((got >= 0.0) & (got <= 1.0)).all()) and bool((got[q == 0] == 0.0).all())
+    # the torch sweeps round their roots differently; the sweeps carry those last bits through the cumulative
+    # sums (measured: 1e-13 at V = 8, 1e-10 at 70, 1e-9 at 300, 1e-4 at 49,152)
+    torch.testing.assert_close(got, fill_marks_torch(q, target, order, m), rtol=0, atol=1e-8)
+
+
+# ------------------------------------------------------------------------------------------ without the library
+def test_no_compiler_or_a_failing_one_leaves_the_torch_code(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("MDV_CACHE", str(tmp_path))
+    try:
+        for cc in ("mdv-no-such-compiler", "false"):  # not on PATH; on PATH, exits 1 and writes nothing
+            monkeypatch.setenv("CC", cc)
+            native.loops_library.cache_clear()
+            assert native.loops_library() is None and native.native_rows(torch.zeros(1, 3, dtype=torch.float64)) is None
+        assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.tmp"))
+        monkeypatch.delenv("CC")
+        monkeypatch.setenv("MDV_NATIVE_LOOPS", "0")
+        native.loops_library.cache_clear()
+        assert native.loops_library() is None
+    finally:
+        native.loops_library.cache_clear()
+    assert native.native_rows(torch.zeros(1, 3, dtype=torch.float32)) is None  # float32 rows: torch
+
+
+def test_select_gbv_is_exact_on_the_torch_code_and_agrees_with_the_c_path(monkeypatch) -> None:
+    """The torch path is what runs on GPUs and without a compiler: the same rule, exact by enumeration, and
+    node laws equal to the C path's to 1e-12 (V = 300, every mode)."""
+    rng = np.random.default_rng(5)
+    p, q = _rows(rng, 4, 300)
+    ratio = torch.tensor(rng.uniform(0.5, 2.0, size=4))
+    pi = torch.tensor(rng.dirichlet(np.ones(5), size=4))  # K = 4, every survivor count possible
+    with_c = {mode: node_step(p, q, ratio, pi, mode) for mode in selection.MODES}
+    selection._node_step_memo.cache_clear()
+    monkeypatch.setattr(selection, "native_rows", lambda *rows: None)
+    try:
+        for mode, law in with_c.items():
+            again = node_step(p, q, ratio, pi, mode)
+            assert torch.equal(again.rule, law.rule), mode
+            torch.testing.assert_close(again.q_sel, law.q_sel, rtol=0, atol=1e-12)
+            tok = q.argmax(-1)
+            torch.testing.assert_close(again.rows(tok), law.rows(tok), rtol=0, atol=1e-12)
+        target, draft = toy_pair(3, seed=61, zeros=True)
+        law = exact_law("select_gbv", target, draft, 3, 2, 4)
+        assert total_variation(law, target_law(target, 4)) < 1e-9
+    finally:
+        selection._node_step_memo.cache_clear()
