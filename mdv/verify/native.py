@@ -44,7 +44,9 @@ from torch import Tensor
 from mdv._cbuild import CompileError, build_library, c_compiler
 
 _SOURCES = (Path(__file__).with_name("kernels") / "verify_loops.c",)
-_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")  # lets the selects vectorise; no -ffast-math: every operation stays IEEE
+# no-math-errno and no-trapping-math let the sweeps' selects and roots vectorise; no -ffast-math, no FMA: every
+# operation stays one correctly rounded IEEE operation, so vector and scalar code give the same bits
+_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
 _c_long, _c_int, _c_double, _ptr = ctypes.c_long, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
 
 
@@ -84,7 +86,8 @@ def native_rows(*rows: Tensor) -> ctypes.CDLL | None:
 
 
 def kseq_rho_active(lib: ctypes.CDLL, p: Tensor, q: Tensor, k: float, iters: int) -> float:
-    """K-SEQ's rho* with k > 1 drafts for one row by the active-set bisection.  p, q: CPU float64 [V]."""
+    """K-SEQ's rho* with k > 1 drafts for one row: 1 where g(1) >= 0, else the active-set bisection.
+    p, q: CPU float64 [V]."""
     p, q = p.contiguous(), q.contiguous()
     work = torch.empty(3 * q.shape[-1], dtype=torch.float64)
     return float(lib.kseq_rho_active(q.shape[-1], p.data_ptr(), q.data_ptr(), float(k), iters, work.data_ptr()))

@@ -257,7 +257,7 @@ class SortedMasses:
         """rho* with m >= 2 drafts for every row.  Each row's steps are its own, so a row gets the same bits
         alone or in a batch.  Three implementations of one bisection, chosen by the machine and V only (so
         every computation of one prefix within a process takes the same one): C (:func:`mdv.verify.native.
-        kseq_rho`, ~10 us a row) where the library is built; else above MEMO_MAX_V row by row in Python
+        kseq_rho`, ~30 us a row at V = 49k) where the library is built; else above MEMO_MAX_V row by row in Python
         floats (:meth:`_row_gap`, the C loop's reference: the same operations, the same bits; ~4 us a step
         against ~50 us for a numpy step on one row, whose cost is the calls, not the work); else all rows at
         once in numpy (one [N, V] comparison per step).  -> [N] float64"""
@@ -355,7 +355,7 @@ def kseq_marginal(f: KseqFactors, m: int) -> Tensor:
 def fill_order(p: Tensor, q: Tensor) -> Tensor:
     """Token ids in ``fill``'s rank order, best first: ``(p/q, -x)`` descending (p/q := 0 where q = 0, a
     token that is never drafted).  p, q: [N, V] -> [N, V].  A stable radix sort in C on CPU float64 rows
-    (:func:`mdv.verify.native.rank_order`, ~0.3 ms at V = 49k against ~3.5 ms), the same permutation as
+    (:func:`mdv.verify.native.rank_order`, ~1.5 ms at V = 49k against ~3.5 ms), the same permutation as
     :func:`fill_order_torch`."""
     lib = native_rows(p, q)
     return fill_order_torch(p, q) if lib is None else rank_order(lib, p, q)
