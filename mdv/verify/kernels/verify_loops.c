@@ -12,6 +12,15 @@
 #include <stdint.h>
 #include <string.h>
 
+/* K-SEQ's g(rho) = clamp(reject, 0, 1)^k - max(uncovered, 0) from its two sums, the power as exp(k log x)
+ * (0 at x = 0): spectr.kseq_gap's last step, shared by both rho* loops below. */
+static double kseq_g(double reject, double uncovered, double k)
+{
+    reject = reject < 0.0 ? 0.0 : (reject > 1.0 ? 1.0 : reject);
+    uncovered = uncovered < 0.0 ? 0.0 : uncovered;
+    return (reject > 0.0 ? exp(k * log(reject)) : 0.0) - uncovered;
+}
+
 /* K-SEQ's rho* with k > 1 drafts for one row (spectr.kseq_rho at large V): 1 where g(1) >= 0, else
  * RHO_ITERS bisection steps on [1, k] over an active set (spectr._bisect_active_set, its reference): an entry whose ratio r = p/q lies at or below the bracket
  * adds q - p/rho to sum_x (q - p/rho)_+ and nothing to sum_x (p - rho q)_+ for every rho left in it; one
@@ -53,9 +62,7 @@ double kseq_rho_active(long V, const double *p, const double *q, double k, int i
             n++;
         }
     }
-    double rej_1 = (double)reject_at_1, unc_1 = (double)uncovered_at_1;
-    rej_1 = rej_1 > 1.0 ? 1.0 : rej_1;
-    if ((rej_1 > 0.0 ? exp(k * log(rej_1)) : 0.0) - unc_1 >= 0.0)
+    if (kseq_g((double)reject_at_1, (double)uncovered_at_1, k) >= 0.0)
         return 1.0;
     for (int it = 0; it < iters; it++) {
         double mid = 0.5 * (lo + hi);
@@ -81,11 +88,7 @@ double kseq_rho_active(long V, const double *p, const double *q, double k, int i
             reject += a > 0.0 ? a : 0.0;
             uncovered += b > 0.0 ? b : 0.0;
         }
-        double rej = (double)(q_lo - p_lo / mid + reject);
-        double unc = (double)(p_hi - mid * q_hi + uncovered);
-        rej = rej < 0.0 ? 0.0 : (rej > 1.0 ? 1.0 : rej);
-        double g = (rej > 0.0 ? exp(k * log(rej)) : 0.0) - (unc > 0.0 ? unc : 0.0);
-        if (g >= 0.0)
+        if (kseq_g((double)(q_lo - p_lo / mid + reject), (double)(p_hi - mid * q_hi + uncovered), k) >= 0.0)
             hi = mid;
         else
             lo = mid;
@@ -236,11 +239,7 @@ static double kseq_gap(const double *r, long V, const double *pb, const double *
                        const double *qa, double p_zero, double rho, int m)
 {
     long i = count_below(r, V, rho, 0), j = count_below(r, V, rho, 1);
-    double reject = qb[i] - pb[i] / rho;
-    reject = reject < 0.0 ? 0.0 : (reject > 1.0 ? 1.0 : reject);
-    double uncovered = p_zero + pa[j] - rho * qa[j];
-    uncovered = uncovered < 0.0 ? 0.0 : uncovered;
-    return (reject > 0.0 ? exp(m * log(reject)) : 0.0) - uncovered;
+    return kseq_g(qb[i] - pb[i] / rho, p_zero + pa[j] - rho * qa[j], m);
 }
 
 void sel_kseq_rho(long N, long V, int m, int iters, const double *ratio, const double *p_below,
