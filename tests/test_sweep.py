@@ -355,6 +355,50 @@ def test_a_draft_on_float16_panels_is_its_own_pair(tmp_path: Path) -> None:
     assert not (tmp_path / "bad").exists()
 
 
+def test_auto_linears_and_forward_resolve_to_what_runs_here_and_label_the_cells(tmp_path: Path, monkeypatch) -> None:
+    from mdv.models.lean import LeanModel
+    from mdv.sweep.config import ForwardKind, LinearsKind, ModelKind, enum_value, models_label, resolve_auto_models
+    from mdv.sweep.model_sets import load_models
+
+    auto = {"dataset.names": ["gsm8k"], "method.names": ["sd"], "sampling.temperatures": [0.0],
+            "models.linears": LinearsKind.auto, "models.forward": ForwardKind.auto, "models.draft_panel_dtype": "float16"}
+    cfg = tiny_config(tmp_path / "auto", **auto)
+    sweep.reset_model_cache()
+    try:
+        assert len(run(cfg).ok) == 1
+        panels = _panels_ok()
+        assert enum_value(cfg.models.linears) == ("panels" if panels else "plain")
+        assert enum_value(cfg.models.forward) == "lean"  # the tiny pair is a Llama pair
+        assert cfg.models.draft_panel_dtype == ("float16" if panels else "float32")
+        label = "tiny_random-s0" + ("+panels+draft_f16" if panels else "") + "+lean"
+        assert models_label(cfg.models) == label
+        assert isinstance(load_models(cfg.models).target, LeanModel)
+        assert [read_cell(p)["config"]["models"] for p in (tmp_path / "auto" / "cells").glob("*.json")] == [label]
+    finally:
+        sweep.reset_model_cache()
+
+    # no kernel here (a failing compiler, no AVX2): plain linears and float32 draft panels, one line saying why
+    import mdv.models.panels as panels_module
+
+    def no_kernel() -> None:
+        raise InvalidInputError("the panel kernel needs an x86-64 CPU with AVX2 and FMA, which this machine lacks")
+
+    monkeypatch.setattr(panels_module, "load_kernel_library", no_kernel)
+    m = tiny_config(tmp_path / "x", **auto).models
+    notes = resolve_auto_models(m)
+    assert (enum_value(m.linears), m.draft_panel_dtype, models_label(m)) == ("plain", "float32", "tiny_random-s0+lean")
+    assert any("plain (the panel kernel needs an x86-64 CPU with AVX2" in n for n in notes)
+    # bfloat16 or a GPU: plain, without trying the kernel; a pair of your own: transformers' forward
+    m = tiny_config(tmp_path / "y", **{**auto, "models.dtype": "bfloat16"}).models
+    m.kind = ModelKind.hub
+    notes = resolve_auto_models(m)
+    assert (enum_value(m.linears), enum_value(m.forward)) == ("plain", "hf")
+    assert any("dtype=bfloat16" in n for n in notes) and any("models.forward=lean runs a Llama pair" in n for n in notes)
+    # settings other than auto are kept as they are
+    m = tiny_config(tmp_path / "z", **{"models.linears": LinearsKind.plain, "models.forward": ForwardKind.hf}).models
+    assert resolve_auto_models(m) == [] and (enum_value(m.linears), enum_value(m.forward)) == ("plain", "hf")
+
+
 def test_panel_linears_on_bfloat16_fail_before_any_work(tmp_path: Path) -> None:
     from mdv.sweep.config import LinearsKind
 

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -11,6 +12,8 @@ from typing import Any, Optional
 from mdv.errors import InvalidInputError
 from mdv.paired.config import PairedConfig
 from mdv.theory import TheoryConfig
+
+_log = logging.getLogger(__name__)
 
 
 DATA_SOURCES = ("auto", "hub", "offline", "package", "stand-in")
@@ -81,6 +84,7 @@ class LinearsKind(str, Enum):
 
     plain = "plain"    # torch's own nn.Linear (its sgemm)
     panels = "panels"  # weight panels and mdv's kernel (mdv.models.panels): float32 on an AVX2 CPU, ~2x faster passes
+    auto = "auto"      # panels where their kernel builds and runs here (float32, CPU, AVX2, a C compiler), else plain
 
 
 class ForwardKind(str, Enum):
@@ -88,6 +92,7 @@ class ForwardKind(str, Enum):
 
     hf = "hf"      # transformers' own forward and DynamicCache (mdv.models.hf)
     lean = "lean"  # mdv's lean decoder forward over the same modules (mdv.models.lean): Llama-like decoders
+    auto = "auto"  # lean for the pairs known to be Llama decoders (models.kind default, tiny_random), else hf
 
 
 class ModelKind(str, Enum):
@@ -186,7 +191,9 @@ class ModelsGroup:
     draft_panel_dtype: with ``linears=panels``, ``float16`` holds the draft's panels in float16 (half its bytes
     per step; lossless, since q stays the exact law of the draft tokens; the target's stay float32).
     forward: ``lean`` runs the decoding sessions on :mod:`mdv.models.lean` (Llama-like decoders; the same law
-    up to float32 rounding, less per-layer overhead), ``hf`` on transformers' forward.
+    up to float32 rounding, less per-layer overhead), ``hf`` on transformers' forward.  ``auto`` (linears and
+    forward): the fast path where it runs here, else the plain one; :func:`resolve_auto_models` picks before
+    anything is labelled or loaded, so cell ids and records name what ran.
     """
 
     kind: ModelKind = ModelKind.default
@@ -260,9 +267,52 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+_LLAMA_KINDS = ("default", "tiny_random")  # pairs whose target and draft are LlamaForCausalLM by construction
+
+
+def resolve_auto_models(m: ModelsGroup) -> list[str]:
+    """Replace ``models.linears=auto`` / ``models.forward=auto`` in ``m`` by what runs on this machine; return
+    one line per choice (for the log).
+
+    linears: ``panels`` when the pair is float32 on the CPU and the panel kernel builds and loads here (it
+    is compiled now, once per machine: ~0.3 s), else ``plain``; a ``draft_panel_dtype`` of float16 asked for
+    alongside falls back to float32 with it.  forward: ``lean`` for the default and the tiny pair (Llama
+    decoders by construction), ``hf`` for a pair of your own (``models.forward=lean`` runs any Llama pair;
+    the lean forward refuses other decoders with one clear error).  Settings other than ``auto`` are kept.
+    """
+    notes: list[str] = []
+    if LinearsKind(enum_value(m.linears)) == LinearsKind.auto:
+        why = ""
+        if m.dtype != "float32" or (m.device or "cpu") != "cpu":
+            why = f"dtype={m.dtype}, device={m.device}: panels run float32 on the CPU"
+        else:
+            from mdv.models.panels import load_kernel_library
+
+            try:
+                load_kernel_library()
+            except InvalidInputError as exc:
+                why = str(exc)
+        m.linears = LinearsKind.plain if why else LinearsKind.panels
+        notes.append("models.linears=auto: " + (f"plain ({why})" if why else "panels (the panel kernel runs here)"))
+        if why and m.draft_panel_dtype != "float32":
+            m.draft_panel_dtype = "float32"
+            notes.append("models.draft_panel_dtype: float32 (no panels)")
+    if ForwardKind(enum_value(m.forward)) == ForwardKind.auto:
+        kind = str(enum_value(m.kind))
+        m.forward = ForwardKind.lean if kind in _LLAMA_KINDS else ForwardKind.hf
+        notes.append(f"models.forward=auto: {enum_value(m.forward)} (models.kind={kind}"
+                     + ("" if kind in _LLAMA_KINDS else "; models.forward=lean runs a Llama pair of your own") + ")")
+    return notes
+
+
 def validate(cfg: RunConfig) -> None:
-    """Check the grid values; raise :class:`~mdv.errors.InvalidInputError` naming the config key."""
+    """Check the grid values; raise :class:`~mdv.errors.InvalidInputError` naming the config key.  First
+    resolves ``models.linears`` / ``models.forward`` = ``auto`` in place (:func:`resolve_auto_models`), the
+    one step every entry point (sweep, paired measurement, bench) passes before it labels or loads the pair."""
     from mdv.engine import valid_methods
+
+    for note in resolve_auto_models(cfg.models):
+        _log.info(note)
 
     methods = [enum_value(m) for m in cfg.method.names]
     valid = valid_methods()
