@@ -130,6 +130,26 @@ def test_the_main_job_is_the_paired_task_with_its_speed_check() -> None:
     assert {"sd", "spectr"} <= set(check.methods) and set(check.L) <= set(range(1, 5))
     validate_paired(p)
     assert run_config(["task=paired", "paired.K_max=2"]).task == Task.paired
+    # the fastest exact CPU path where it runs (resolved per machine before anything is labelled), float16
+    # draft panels with it; the sweep's own default stays plain
+    m = cfg.models
+    assert (m.linears.value, m.forward.value, m.draft_panel_dtype) == ("auto", "auto", "float16")
+    assert run_config([]).models.linears.value == "plain" and run_config([]).models.forward.value == "hf"
+
+
+def test_the_ordering_check_preset_decides_the_multi_draft_ordering_without_timing() -> None:
+    """experiment=ordering_check: the main job's contexts on 50 prompts per dataset, every verifier, no
+    calibration and no speed check (block efficiencies and verdicts only)."""
+    from mdv.paired.config import validate_paired
+
+    cfg = run_config(["experiment=ordering_check"])
+    p = cfg.paired
+    main = run_config(["experiment=main"]).paired
+    assert cfg.task == Task.paired and p.datasets == ALL_DATASETS and p.n_prompts == 50
+    assert (p.K_max, p.L_max, p.n_tokens, p.stride) == (main.K_max, main.L_max, main.n_tokens, main.stride)
+    assert (p.headline_K, p.headline_L) == (3, 4) and {"select_gbv", "mpbv", "mdbv", "spectr"} <= set(p.methods)
+    assert not p.calibrate and not p.speed_check.enabled
+    validate_paired(p)
 
 
 def test_theory_preset_points_at_the_oracle_tables() -> None:
