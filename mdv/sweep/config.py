@@ -308,7 +308,8 @@ def resolve_auto_models(m: ModelsGroup) -> list[str]:
 def validate(cfg: RunConfig) -> None:
     """Check the grid values; raise :class:`~mdv.errors.InvalidInputError` naming the config key.  First
     resolves ``models.linears`` / ``models.forward`` = ``auto`` in place (:func:`resolve_auto_models`), the
-    one step every entry point (sweep, paired measurement, bench) passes before it labels or loads the pair."""
+    one step the sweep and the paired measurement (with its calibration and speed check) pass before they label
+    or load the pair."""
     from mdv.engine import valid_methods
 
     for note in resolve_auto_models(cfg.models):
