@@ -561,9 +561,9 @@ CLI_CASES: dict[str, CliCase] = {
                                       r"models.linears=panels runs float32 models on the CPU; got dtype=bfloat16, .*"
                                       r" or models.linears=plain$"),
     "run/unknown-linears": CliCase("run", {"models.linears": "fast"},
-                                   r"models.linears=fast; Invalid value 'fast', expected one of \[plain, panels\]"),
+                                   r"models.linears=fast; Invalid value 'fast', expected one of \[plain, panels, auto\]"),
     "run/unknown-forward": CliCase("run", {"models.forward": "fast"},
-                                   r"models.forward=fast; Invalid value 'fast', expected one of \[hf, lean\]"),
+                                   r"models.forward=fast; Invalid value 'fast', expected one of \[hf, lean, auto\]"),
     # python -m experiments.theory
     "theory/unknown-method": CliCase("theory", {"methods": "[nope]"},
                                      r"unknown method\(s\) \['nope'\]; valid methods are: " + ALL_VERIFIERS),
