@@ -69,6 +69,26 @@ def test_spread_and_interleaving() -> None:
     assert calls == list("abc") + list("abc") + list("bca") + list("cab")
 
 
+def test_last_level_cache_size_from_sysfs_and_the_evictor(tmp_path: Path) -> None:
+    """The largest level's size is read from index*/level and size (K and M suffixes); an unreadable tree
+    gives the default; the evictor's buffer is twice that and each call writes every element once."""
+    from mdv.bench.timing import DEFAULT_LLC_BYTES, CacheEvictor, last_level_cache_bytes
+
+    for i, (level, size) in enumerate([(1, "32K"), (2, "512K"), (3, "16M"), (1, "32K")]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "level").write_text(f"{level}\n")
+        (tmp_path / f"index{i}" / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(tmp_path) == 16 << 20
+    (tmp_path / "index2" / "size").write_text("garbage\n")
+    assert last_level_cache_bytes(tmp_path) == DEFAULT_LLC_BYTES
+    assert last_level_cache_bytes(tmp_path / "absent") == DEFAULT_LLC_BYTES
+    evict = CacheEvictor(nbytes=4096)
+    assert evict.nbytes == 4096 and evict._buf.numel() == 1024
+    evict()
+    evict()
+    assert bool((evict._buf == 2).all())
+
+
 def test_largest_size_respects_the_ceiling() -> None:
     assert largest_size(4, 3, 3, lambda K, L: 4 ** (K * L) <= 300_000) == (3, 3)
     assert largest_size(5, 3, 3, lambda K, L: 5 ** (K * L) <= 300_000) in {(3, 2), (2, 3)}

@@ -153,10 +153,16 @@ def _fresh_logits(model, prefix: list[int], tokens: list[int]) -> torch.Tensor:
     return s.extend(torch.tensor([tokens]))
 
 
-def test_calibrate_on_the_tiny_pair(tiny, capsys) -> None:
+def test_calibrate_on_the_tiny_pair(tiny, capsys, monkeypatch) -> None:
+    from mdv.bench import timing
+
     target, draft = tiny
     ctx = [1 + (7 * i) % 60 for i in range(24)]
     tgt, drf = target.new_session(), draft.new_session()
+    events: list[str] = []  # every timed call on the CPU comes right after a cache eviction
+    evict, time_call = timing.CacheEvictor.__call__, timing.time_call
+    monkeypatch.setattr(timing.CacheEvictor, "__call__", lambda self: (events.append("evict"), evict(self))[1])
+    monkeypatch.setattr(timing, "time_call", lambda fn, sync=None: (events.append("time"), time_call(fn, sync))[1])
     with torch.inference_mode():
         cal = calibrate(target, draft, K_max=2, L_max=2, methods=["sd", "spectr"], context_ids=ctx, repeats=2,
                         progress=True, sessions=(tgt, drf))
@@ -175,6 +181,8 @@ def test_calibrate_on_the_tiny_pair(tiny, capsys) -> None:
     assert cal.models["target"] == model_fingerprint(target) and cal.models["draft"] == model_fingerprint(draft)
     assert cal.machine["hostname"] == machine_fingerprint()["hostname"]
     assert cal.settings["context_length"] == len(ctx) and cal.settings["repeats"] == 2
+    assert events == ["evict", "time"] * (3 * len(cal.details))  # a warm-up and 2 timed rounds
+    assert cal.settings["cache_evicted_bytes"] == 2 * timing.last_level_cache_bytes() > 0
     # the caches hold exactly the prefilled context: later passes score as a fresh session's do
     assert (tgt.length, tgt.rows, drf.length, drf.rows) == (len(ctx) - 1, 1, len(ctx), 1)
     with torch.inference_mode():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mdv.errors import InvalidInputError
-from mdv.paired.renewal import (cap_factor, emitted_law, expected_iterations, expected_iterations_reference,
+from mdv.paired.renewal import (stretch_weights, cap_factor, emitted_law, expected_iterations, expected_iterations_reference,
                                 iteration_starts, iterations_given_output, iterations_given_output_reference,
                                 kseq_survival, kseq_survival_reference)
 
@@ -119,6 +119,26 @@ def test_iteration_starts_at_the_extremes() -> None:
         iterations_given_output(np.ones((3, 1, 3)), 2)
     with pytest.raises(InvalidInputError, match="K_max >= K = 2"):
         iterations_given_output(every, 2, K=2)
+
+
+def test_stretch_weights_sum_the_starts_over_each_contexts_stretch() -> None:
+    """By hand: contexts at 2 and 5 of 8 positions stand for [0, 5) and [5, 8); a shared offset splits its
+    stretch; on random starts and offsets drawn here the weights always sum to E[N | x] = sum_t B_t."""
+    B = np.array([1.0, 0.0, 0.5, 0.25, 0.0, 1.0, 0.0, 0.5])
+    np.testing.assert_allclose(stretch_weights(B, [2, 5]), [1.75, 1.5])
+    np.testing.assert_allclose(stretch_weights(B, [5, 2]), [1.5, 1.75])  # the contexts' order is kept
+    np.testing.assert_allclose(stretch_weights(B, [0, 5, 5]), [1.75, 0.75, 0.75])
+    np.testing.assert_allclose(stretch_weights(B, [7]), [B.sum()])
+    rng = np.random.default_rng()
+    for _ in range(50):
+        n = int(rng.integers(1, 40))
+        starts = rng.random(n)
+        offsets = rng.integers(0, n, int(rng.integers(1, 6)))
+        w = stretch_weights(starts, offsets)
+        assert w.shape == offsets.shape and (w >= 0).all() and w.sum() == pytest.approx(starts.sum())
+    for bad in ([8], [-1], [], [1.5]):
+        with pytest.raises(InvalidInputError, match="offsets"):
+            stretch_weights(B, bad)
 
 
 @pytest.mark.parametrize("zeros", [False, True])

@@ -160,9 +160,23 @@ def test_report_prediction_cuts_the_last_iteration(tmp_path: Path) -> None:
         assert r["tokens_from"] == "per-context mean"
 
 
+def _stretch_by_hand(starts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each context's weight: P(an iteration starts at t) summed over the positions whose nearest context at
+    or before t is at its offset (positions before the first offset: the first), shared by equal offsets."""
+    w = np.zeros(len(offsets))
+    for t in range(len(starts)):
+        before = [o for o in offsets if o <= t]
+        owner = max(before) if before else min(offsets)
+        mine = [i for i, o in enumerate(offsets) if o == owner]
+        for i in mine:
+            w[i] += starts[t] / len(mine)
+    return w
+
+
 def test_report_prediction_counts_real_iterations_along_the_trajectories(tmp_path: Path) -> None:
     """sd and spectr rows with survival laws: tokens per iteration = sum n / sum E[N | x] over the checked
-    prompts, time per iteration = the contexts' times weighted by P(an iteration starts there), by hand."""
+    prompts, time per iteration = the contexts' times weighted by how many iterations start in the stretch
+    each stands for, by hand."""
     from mdv.paired.cost import Calibration, iteration_time
     from mdv.paired.renewal import iteration_starts
     from mdv.paired.report import sr_check_rows
@@ -186,7 +200,7 @@ def test_report_prediction_counts_real_iterations_along_the_trajectories(tmp_pat
             starts = iteration_starts(data.survival[c][:n], L, K)
             at = (data.clusters == c) & (data.offsets < n)
             t = iteration_time(data.nodes[at, K - 1, L - 1], method=m, K=K, L=L, cost=cal)
-            w = starts[data.offsets[at]]
+            w = _stretch_by_hand(starts, data.offsets[at])
             tokens, iters, seconds = tokens + n, iters + starts.sum(), seconds + starts.sum() * (w @ t) / w.sum()
         assert r["tokens_predicted"] == pytest.approx(tokens / iters)
         assert r["time_predicted"] == pytest.approx(seconds / iters)
@@ -239,7 +253,7 @@ def test_check_runs_are_paired_with_the_law_given_their_own_outputs(tmp_path: Pa
             c = f"{g['dataset']}/{g['prompt_index']}/s{check['settings']['seed']}"
             starts = iteration_starts(data.survival[c][:6], L, K)  # the prompt's time from its trajectory
             at = (data.clusters == c) & (data.offsets < 6)
-            w = starts[data.offsets[at]]
+            w = _stretch_by_hand(starts, data.offsets[at])
             t = (w @ iteration_time(data.nodes[at, K - 1, L - 1], method=m, K=K, L=L, cost=cal)) / w.sum()
             en = iterations_given_output(np.asarray(g["survival"]), L, K)
             a = ar[g["prompt_index"]]["decode_s"] / ar[g["prompt_index"]]["new_tokens"]
@@ -332,6 +346,13 @@ def test_another_drafter_gets_its_own_calibration_check_and_prediction(tmp_path:
     again = {p: p.stat().st_mtime_ns for p in (rep.calibration, rep.speed_check)}
     run_paired(ngram_cfg)  # everything current: nothing is timed again
     assert {p: p.stat().st_mtime_ns for p in again} == again
+    from mdv.paired.measure import calibration_outdated  # what makes a matching file be timed again
+    assert calibration_outdated(cal, cal.settings["context_length"]) is None
+    assert "context" in calibration_outdated(cal, cal.settings["context_length"] + 1)
+    del cal.settings["cache_evicted_bytes"]  # timed with warm caches, by an older mdv
+    assert "warm caches" in calibration_outdated(cal, cal.settings["context_length"])
+    cal.propose_s.clear()
+    assert "no drafter call" in calibration_outdated(cal, cal.settings["context_length"])
     analyze_results(ngram_cfg.results_dir, tmp_path / "report", warn=lambda s: None)
     md = (tmp_path / "report" / "paired_report.md").read_text()
     setting2 = md[md.index("drafter ngram"):]

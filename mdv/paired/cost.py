@@ -526,7 +526,12 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     per round (:func:`mdv.bench.timing.interleaved`'s scheme), so a drift of the machine's load hits all of
     them alike.  Each measurement is prepared (fork / block slice) and undone (crop / keep) outside
     its timed call (:func:`mdv.bench.timing.time_call`, CUDA-synchronised), so every repeat sees the same
-    context length.  The value kept is the median over the rounds.  Measurements:
+    context length.  On CPUs the caches are evicted after the preparation (:class:`mdv.bench.timing.
+    CacheEvictor`, recorded as ``settings["cache_evicted_bytes"]``): the rotation runs each probe after its
+    twin, with its weights and rows still cached, while in the engine every phase follows one that streamed
+    the other model's weights; without it the calibration priced the draft's call ~1 ms and the verifier's
+    step ~0.5 ms under what they cost in real runs (K = 3, L = 4 on the fast path).  The value kept is the
+    median over the rounds.  Measurements:
 
     * ``target/n``: extend_tree of a :func:`synthetic_tree` with n nodes + the sampling law of its
       nodes + keep_nodes of the last draft's path; n in :func:`measured_node_counts` (K_max·L_max + 1);
@@ -553,8 +558,8 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     On return the sessions hold ``len(context_ids) − 1`` (target) and ``len(context_ids)`` (draft)
     tokens in one row, as after the prefill.
 
-    Cost: (1 + repeats) × (#node counts + L_max + 2 + 2·K_max + K_max·L_max + #verify cells) timed calls.  Measured on a
-    shared 2-core Xeon CPU: the tiny random pair (K_max = L_max = 2, sd + spectr, repeats = 2) ~0.4 s; the
+    Cost: (1 + repeats) × (#node counts + L_max + 2 + 2·K_max + K_max·L_max + #verify cells) timed calls,
+    each after a cache eviction on CPUs (~3-8 ms).  Measured on a shared 2-core Xeon CPU: the tiny random pair (K_max = L_max = 2, sd + spectr, repeats = 2) ~0.4 s; the
     default pair (SmolLM2-135M target + its 3-layer draft, float32), K_max = 4, L_max = 8, all six
     methods (120 verify cells), 128 context tokens, repeats = 5: 10.8 s with 1 torch thread at load
     average ~1 (target pass 80 ms at 1 node, 210 ms at 33), but 67 s with 2 threads while other jobs
@@ -564,7 +569,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
 
     from tqdm.auto import tqdm
 
-    from mdv.bench.timing import spread, sync_for, time_call
+    from mdv.bench.timing import CacheEvictor, spread, sync_for, time_call
     from mdv.bench.verifier import synthetic_block
     from mdv.drafters.model import check_pair
     from mdv.drafters.registry import get_drafter
@@ -719,12 +724,16 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
         # ------------------------------------------------------------ interleaved rounds
         times: dict[str, list[float]] = {p.key: [] for p in probes}
         rounds = 1 + int(repeats)  # the first is a warm-up
+        # every probe starts with the caches the engine leaves it (CacheEvictor): on CPUs, cold
+        evict = CacheEvictor() if dev.type == "cpu" else None
         with tqdm(total=rounds * len(probes), desc="calibrate", disable=not progress, leave=False) as bar:
             for r in range(rounds):
                 s = r % len(probes)
                 for probe in probes[s:] + probes[:s]:
                     if probe.setup is not None:
                         probe.setup()
+                    if evict is not None:
+                        evict()
                     t = time_call(probe.run, sync)
                     if probe.restore is not None:
                         probe.restore()
@@ -751,5 +760,6 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
                   "repeats": int(repeats), "warmup_rounds": 1, "node_counts": measured_node_counts(n_max),
                   "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p},
                   "interpolation": "linear in n between the measured node counts",
+                  "cache_evicted_bytes": evict.nbytes if evict is not None else 0,
                   "wall_seconds": round(time.perf_counter() - t_start, 3)},
         details={k: spread(v) for k, v in times.items()})

@@ -439,6 +439,19 @@ def calibration_context(run_cfg: Any, formatted: dict[str, list[list[int]]]) -> 
     return (pool * (length // len(pool) + 1))[:length]
 
 
+def calibration_outdated(cal: Any, context_length: int) -> Optional[str]:
+    """Why a stored :class:`~mdv.paired.cost.Calibration` that matches this machine, these models and this
+    drafter must still be redone (made by an older mdv, or at another context length), or None."""
+    if not cal.propose_s:
+        return "the stored calibration timed no drafter call (made by an older mdv)"
+    if "cache_evicted_bytes" not in cal.settings:
+        return "the stored calibration timed its calls with warm caches (made by an older mdv)"
+    if cal.settings.get("context_length") != context_length:
+        return (f"the stored calibration was timed at a {cal.settings.get('context_length')}-token context, this"
+                f" run's contexts call for {context_length}")
+    return None
+
+
 def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[str, list[list[int]]],
                         check: Any = None) -> Optional[Path]:
     """The calibration the report predicts speedups with, as ``<out>/calibration.json`` (for the draft model;
@@ -472,11 +485,9 @@ def prepare_calibration(run_cfg: Any, out: Path, models: Any, formatted: dict[st
     context = calibration_context(run_cfg, formatted)
     try:
         old = load_calibration(path, target=models.target, draft=models.draft, **drafter)
-        if not old.propose_s:
-            log.warning("recalibrating: the stored calibration timed no drafter call (made by an older mdv)")
-        elif old.settings.get("context_length") != len(context):
-            log.warning("recalibrating: the stored calibration was timed at a %s-token context, this run's"
-                        " contexts call for %d", old.settings.get("context_length"), len(context))
+        reason = calibration_outdated(old, len(context))
+        if reason is not None:
+            log.warning("recalibrating: %s", reason)
         elif check is not None:
             log.info("recalibrating alongside the speed check being measured")
         else:

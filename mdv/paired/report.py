@@ -289,7 +289,8 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
     where their iterations end along it (``survival``), the tokens per iteration are instead the exact count
     of real iterations along the trajectories, n / mean E[N | x]
     (:func:`mdv.paired.renewal.iteration_starts`), and the time per iteration is the contexts' mean weighted
-    by how often a real iteration starts at each (its tree is larger where drafts diverge): the per-context
+    by how many real iterations start in the stretch of text each stands for
+    (:func:`mdv.paired.renewal.stretch_weights`; its tree is larger where drafts diverge): the per-context
     mean over-predicts real runs, whose iterations start more often where acceptance is low
     (``"tokens_from"``: ``"along trajectories"`` or ``"per-context mean"``; ``tokens_per_context`` keeps the
     latter, cut, for comparison).
@@ -303,7 +304,7 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
     outputs, what is left is the model's error (the iteration count's conditional spread given the output,
     and the time per iteration)."""
     from mdv.paired.cost import iteration_time, predict_speedup
-    from mdv.paired.renewal import KSEQ_METHODS, cap_factor, iteration_starts
+    from mdv.paired.renewal import KSEQ_METHODS, cap_factor, iteration_starts, stretch_weights
     from mdv.paired.stats import cluster_bootstrap, ratio_of_ratios
 
     out = []
@@ -334,7 +335,7 @@ def sr_check_rows(data: A.PairedData, cost: Any, measured: dict[tuple, A.Measure
                 starts = iteration_starts(sub.survival[c][:int(n)], L, k)  # [n] P(an iteration starts at t | x)
                 here = (sub.clusters == c) & (sub.offsets < n)
                 t_ctx = iteration_time(sub.nodes[here, k - 1, L - 1], method=m, K=k, L=L, cost=cost)  # [contexts]
-                w = starts[sub.offsets[here]]  # a context weighs as often as real iterations start there
+                w = stretch_weights(starts, sub.offsets[here])  # real iterations starting in its stretch
                 iters[i] = starts.sum()
                 t_c[i] = float(np.sum(w * t_ctx) / np.sum(w)) if np.sum(w) > 0 else float(np.mean(t_ctx))
             time_ = float(np.sum(iters * t_c) / np.sum(iters))
@@ -572,8 +573,8 @@ def write_report(results_dir: str | Path, out_dir: str | Path, *, opts: A.Option
                    " 1 + E[tau] over the contexts with the last iteration of a run of that length cut (× the"
                    " cut factor), which over-predicts real runs where acceptance varies along the text (their"
                    " iterations start more often where it is low; the column in brackets is that mean). Along"
-                   " trajectories the time per iteration weighs each context by how often real iterations start"
-                   " there."
+                   " trajectories the time per iteration weighs each context by how many real iterations start"
+                   " in the stretch of text it stands for (from its position to the next context's)."
                    " SR = tokens per iteration ÷ time per iteration (in AR steps), both sides; the error's range"
                    " is over the measured SR's CI.", "",
                    "| method | K | L | predicted SR | measured SR | prompts | error [range] | tokens predicted |"
