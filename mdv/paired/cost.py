@@ -559,9 +559,10 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     tokens in one row, as after the prefill.
 
     Cost: (1 + repeats) × (#node counts + L_max + 2 + 2·K_max + K_max·L_max + #verify cells) timed calls,
-    each after a cache eviction on CPUs (~3-8 ms).  Measured on a shared 2-core Xeon CPU: the tiny random pair (K_max = L_max = 2, sd + spectr, repeats = 2) ~0.4 s; the
-    default pair (SmolLM2-135M target + its 3-layer draft, float32), K_max = 4, L_max = 8, all six
-    methods (120 verify cells), 128 context tokens, repeats = 5: 10.8 s with 1 torch thread at load
+    each after a cache eviction on CPUs (~3-8 ms).  Measured on a shared 2-core Xeon CPU: the tiny random
+    pair (K_max = L_max = 2, sd + spectr, repeats = 2) ~0.4 s; the default pair (SmolLM2-135M target + its
+    3-layer draft, float32), K_max = 4, L_max = 8, all six methods (120 verify cells), 128 context tokens,
+    repeats = 5: 10.8 s with 1 torch thread at load
     average ~1 (target pass 80 ms at 1 node, 210 ms at 33), but 67 s with 2 threads while other jobs
     held both cores (load ~3: every pass 4-7x slower) -- calibrate on a quiet machine.
     """
