@@ -459,7 +459,8 @@ def test_e2e_lean_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypat
 
 
 @pytest.mark.skipif(not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler")
-def test_e2e_draft_panels_in_float16(tiny_pair, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_e2e_draft_panels_in_float16_or_int8(tiny_pair, tmp_path, monkeypatch, dtype: str) -> None:
     from mdv.models import panels as panels_mod
 
     built: list = []
@@ -467,18 +468,18 @@ def test_e2e_draft_panels_in_float16(tiny_pair, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(panels_mod.PanelPacks, "__init__",
                         lambda self, model, dtype=torch.float32: real_init(self, model, dtype) or built.append((model, dtype)))
     cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=4, temperatures=[0.0],
-                   methods=["sd"], K=[1], L=[2], goal_temperature=0.0, panels=True, lean=True, draft_panel_dtype="float16")
+                   methods=["sd"], K=[1], L=[2], goal_temperature=0.0, panels=True, lean=True, draft_panel_dtype=dtype)
     rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
-    assert built == [(tiny_pair[0].model, torch.float32), (tiny_pair[1].model, torch.float16)]
+    assert built == [(tiny_pair[0].model, torch.float32), (tiny_pair[1].model, getattr(torch, dtype))]
     rows = {(r["method"], r["variant"]): r for r in rec["results"]}
     assert set(rows) == {(m, v) for m in ("ar", "sd") for v in ("plain", "panels", "lean+panels")}
     assert rows[("sd", "lean+panels")]["linears"] == "panels" and rows[("sd", "lean+panels")]["forward"] == "lean"
-    with pytest.raises(InvalidInputError, match="e2e.draft_panel_dtype must be float32 or float16; got 'bfloat16'"):
+    with pytest.raises(InvalidInputError, match="e2e.draft_panel_dtype must be one of float32, float16, int8; got 'bfloat16'"):
         bench.run_e2e(E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=4, panels=True,
                                draft_panel_dtype="bfloat16"), pair=tiny_pair)
-    with pytest.raises(InvalidInputError, match="draft_panel_dtype=float16 .*: set e2e.panels=true"):
+    with pytest.raises(InvalidInputError, match=f"draft_panel_dtype={dtype} .*: set e2e.panels=true"):
         bench.run_e2e(E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=2, max_new_tokens=4,
-                               draft_panel_dtype="float16"), pair=tiny_pair)
+                               draft_panel_dtype=dtype), pair=tiny_pair)
 
 
 def test_hf_compare_benchmark_tiny(tmp_path) -> None:

@@ -1,6 +1,6 @@
 """The lean forward's C layers (mdv.models.lean_layer, kernels/lean_layer.c) against the torch loop they
 replace (the reference) on the same panels and against a float64 pass: every session operation (rows, fork,
-keep, crop, a token tree, cache growth), float32 and float16 panels, head sizes off the 8-wide path (12), on
+keep, crop, a token tree, cache growth), float32, float16 and int8 panels, head sizes off the 8-wide path (12), on
 it (16) and on the 64-column value blocks with a remainder (72), and the fallbacks (a stale weight, a model
 not on fused panels)."""
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _session_script(s):
     yield s.extend(torch.randint(0, 96, (1, 1), generator=gen))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
 def test_c_layers_equal_the_torch_loop_on_every_session_operation(target, float64_pass, dtype,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     exact, float32_error = float64_pass
@@ -96,7 +96,7 @@ def test_c_layers_equal_the_torch_loop_on_every_session_operation(target, float6
         ref = _run(lean, _session_script)
     assert 0 < float32_error < 1e-4
     assert _max_diff(fast, ref) <= ERROR_RATIO * float32_error
-    if dtype == torch.float32:  # float16 panels hold rounded weights: only the loop on them is their reference
+    if dtype == torch.float32:  # float16 / int8 panels hold rounded weights: only the loop on them is their reference
         assert _max_diff(fast, exact) <= ERROR_RATIO * float32_error
 
 

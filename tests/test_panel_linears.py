@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from mdv.errors import InvalidInputError
 from mdv.models import panels
 from mdv.models.packed import PacksTogether
-from mdv.models.panels import PANEL, PanelPacks, pack_panels, panel_kernel_status, panel_linear
+from mdv.models.panels import INT8_SCALE_LINES, PANEL, PanelPacks, pack_panels, panel_kernel_status, panel_linear, panel_weight
 
 from tests.test_packed_linears import LOSSLESS_CASES, assert_t0_equals_ar_greedy, extend_probs, tiny_pair  # noqa: F401
 
@@ -278,8 +278,55 @@ def test_a_draft_on_float16_panels_keeps_t0_equal_to_ar_greedy(tiny_pair) -> Non
                                    PacksTogether(PanelPacks(target.model), PanelPacks(draft.model, dtype=torch.float16)))
 
 
+# ---------------------------------------------------------------------------------- int8 panels
+def test_int8_panels_hold_the_rounded_values_and_their_column_scales() -> None:
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(40, 33, generator=gen)
+    w[7] = 0.0  # a zero row: scale 1, no division by zero
+    p8 = pack_panels(w, torch.int8)
+    assert p8.dtype == torch.int8 and p8.shape == (3, 33 + INT8_SCALE_LINES, PANEL)
+    assert p8.nbytes == 3 * PANEL * (33 + 4)  # a byte a weight, 4 bytes a column's scale
+    deq = panel_weight(p8, 40)
+    scale = w.abs().amax(dim=1) / 127
+    scale[7] = 1.0
+    # by hand: round to the nearest multiple of the row's scale; the largest entry keeps its magnitude
+    torch.testing.assert_close(deq, torch.round(w / scale[:, None]) * scale[:, None], rtol=0, atol=0)
+    assert ((deq - w).abs() <= scale[:, None] / 2 * (1 + 1e-6)).all()
+    assert torch.equal(deq.abs().amax(dim=1)[scale != 1], w.abs().amax(dim=1)[scale != 1])
+    assert torch.equal(deq[7], torch.zeros(33))
+    assert torch.equal(panel_weight(pack_panels(w), 40), w)  # float32 panels: the weight itself
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 6, 7, 13])
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_panels_are_the_product_with_the_dequantised_weight(rows: int, bias: bool) -> None:
+    """y = s_n * sum_k x_k W8[n, k] + b_n: against a float64 product with the dequantised weight, within
+    float32 rounding of the sums (rows 1-2 take the split accumulators, 3-6 one block, 7 and 13 several)."""
+    gen = torch.Generator().manual_seed(10 + rows)
+    w, x = torch.randn(40, 70, generator=gen), torch.randn(rows, 70, generator=gen)
+    b = torch.randn(40, generator=gen) if bias else None
+    _, pb = _panels_and_bias(w, b)
+    p8 = pack_panels(w, torch.int8)
+    got = panel_linear(x, p8, pb, 40)
+    exact = x.double() @ panel_weight(p8, 40).double().T + (0 if b is None else b.double())
+    scale = (x.double().abs() @ panel_weight(p8, 40).double().abs().T).max()  # the sums' magnitude
+    assert (got.double() - exact).abs().max() <= 1e-6 * scale
+    assert (got.double() - (x.double() @ w.double().T + (0 if b is None else b.double()))).abs().max() > 1e-4  # rounded
+
+
+def test_a_draft_on_int8_panels_keeps_t0_equal_to_ar_greedy(tiny_pair) -> None:
+    """As float16: the draft's law is whatever its int8 weights compute, recorded exactly as q."""
+    target, draft, _ = tiny_pair
+    packs = PanelPacks(draft.model, dtype=torch.int8)
+    assert packs.dtype == torch.int8 and packs.pack_bytes < PanelPacks(draft.model).pack_bytes / 3
+    assert "dtype=int8" in repr(packs)
+    for method, K, target_pass in (("sd", 1, "rows"), ("spectr", 3, "tree")):
+        assert_t0_equals_ar_greedy(tiny_pair, method, K, 4, target_pass,
+                                   PacksTogether(PanelPacks(target.model), PanelPacks(draft.model, dtype=torch.int8)))
+
+
 def test_panels_refuse_other_weight_dtypes(tiny_pair) -> None:
-    with pytest.raises(InvalidInputError, match="panels hold float32 or float16 weights; got dtype=torch.bfloat16"):
+    with pytest.raises(InvalidInputError, match="panels hold float32, float16 or int8 weights; got dtype=torch.bfloat16"):
         PanelPacks(tiny_pair[1].model, dtype=torch.bfloat16)
 
 

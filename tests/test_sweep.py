@@ -346,12 +346,18 @@ def test_a_draft_on_float16_panels_is_its_own_pair(tmp_path: Path) -> None:
         assert len(run(cfg).ok) == 1
         pair = load_models(cfg.models)
         assert [p.dtype for p in pair.panels] == [torch.float32, torch.float16]  # the target's panels stay float32
+        int8 = tiny_config(tmp_path / "int8", **{"dataset.names": ["gsm8k"], "method.names": ["sd"],
+                                                 "models.linears": LinearsKind.panels, "models.draft_panel_dtype": "int8"})
+        assert models_label(int8.models) == "tiny_random-s0+panels+draft_i8"
+        assert len(run(int8).ok) == 1
+        assert [p.dtype for p in load_models(int8.models).panels] == [torch.float32, torch.int8]
     finally:
         sweep.reset_model_cache()
-    with pytest.raises(InvalidInputError, match="models.draft_panel_dtype must be float32 or float16; got 'int8'"):
-        run(tiny_config(tmp_path / "bad", **{"models.draft_panel_dtype": "int8"}))
-    with pytest.raises(InvalidInputError, match="draft_panel_dtype=float16 .*: set models.linears=panels"):
-        run(tiny_config(tmp_path / "bad", **{"models.draft_panel_dtype": "float16"}))
+    with pytest.raises(InvalidInputError, match="models.draft_panel_dtype must be one of float32, float16, int8; got 'int4'"):
+        run(tiny_config(tmp_path / "bad", **{"models.draft_panel_dtype": "int4"}))
+    for dtype in ("float16", "int8"):
+        with pytest.raises(InvalidInputError, match=f"draft_panel_dtype={dtype} .*: set models.linears=panels"):
+            run(tiny_config(tmp_path / "bad", **{"models.draft_panel_dtype": dtype}))
     assert not (tmp_path / "bad").exists()
 
 

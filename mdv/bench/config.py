@@ -121,8 +121,9 @@ class E2EBench:
     #: also run every cell (AR included) with target and draft on mdv's lean decoder forward (mdv.models.lean),
     #: on the panels when panels is true
     lean: bool = False
-    #: the draft model's panel weights on the panel cells: float32, or float16 (half the bytes per draft step;
-    #: the shipped draft's layers are float16 values, its head rows are rounded; the target stays float32)
+    #: the draft model's panel weights on the panel cells: float32, float16 (half the bytes per draft step;
+    #: the shipped draft's layers are float16 values, its head rows are rounded) or int8 (a quarter, one scale
+    #: per output column); the target stays float32
     draft_panel_dtype: str = "float32"
     #: goals at goal_temperature: the best setting >= goal_best x AR, sd at its best L >= goal_sd x AR.
     goal_temperature: float = 0.4

@@ -14,8 +14,9 @@ With ``panels: true`` every cell also runs with the target's and the draft model
 weight panels (:mod:`mdv.models.panels`; one pack each, as many bytes as the weights, serves every pass),
 speedup over AR on panels (AR runs the same target code; the draft model's subset head is on panels too).
 
-``draft_panel_dtype: float16`` holds the draft's panels in float16 (half its bytes per step; the draft's law is
-whatever it computes and q stays exact, so every method stays lossless; the target's panels stay float32).
+``draft_panel_dtype: float16`` holds the draft's panels in float16 (half its bytes per step), ``int8`` in int8
+with a scale per output column (a quarter; :func:`mdv.models.panels.pack_panels`); the draft's law is whatever
+it computes and q stays exact, so every method stays lossless; the target's panels stay float32.
 
 With ``lean: true`` every cell also runs on mdv's lean decoder forward (:mod:`mdv.models.lean`) for the target
 and the draft model: variant ``lean`` with plain linears, or ``lean+panels`` on the panels when ``panels`` is
@@ -74,14 +75,16 @@ def _e2e_cells(cfg: E2EBench) -> list[Cell]:
 
 
 def check_draft_panel_dtype(name: str, panels: bool) -> Any:
-    """The torch dtype of ``e2e.draft_panel_dtype`` ("float32" or "float16"), or one clear error (also when
-    float16 is asked for without panels, where it would change nothing)."""
+    """The torch dtype of ``e2e.draft_panel_dtype`` (:data:`~mdv.sweep.config.DRAFT_PANEL_DTYPES`), or one
+    clear error (also when float16 or int8 is asked for without panels, where it would change nothing)."""
     import torch
 
-    if name not in ("float32", "float16"):
-        raise InvalidInputError(f"e2e.draft_panel_dtype must be float32 or float16; got {name!r}")
-    if name == "float16" and not panels:
-        raise InvalidInputError("e2e.draft_panel_dtype=float16 holds the draft's panels in float16: set e2e.panels=true")
+    from mdv.sweep.config import DRAFT_PANEL_DTYPES
+
+    if name not in DRAFT_PANEL_DTYPES:
+        raise InvalidInputError(f"e2e.draft_panel_dtype must be one of {', '.join(DRAFT_PANEL_DTYPES)}; got {name!r}")
+    if name != "float32" and not panels:
+        raise InvalidInputError(f"e2e.draft_panel_dtype={name} holds the draft's panels in {name}: set e2e.panels=true")
     return getattr(torch, name)
 
 

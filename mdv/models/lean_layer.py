@@ -5,7 +5,7 @@ on a CPU at decode sizes (measured on the default target at n = 1: 14.6 ms of a 
 panel products).  ``kernels/lean_layer.c`` runs the same math (its docstring) around the panel products:
 RMSNorm, the fused q|k|v product, rotary, the cache write, attention, the output product, RMSNorm, the fused
 gate|up product, SiLU·up, the down product and both residual adds.  It is used when every layer of the model
-is on :class:`~mdv.models.panels.PanelPacks` with its sibling groups fused (float32 or float16 panels), the
+is on :class:`~mdv.models.panels.PanelPacks` with its sibling groups fused (float32, float16 or int8 panels), the
 input is float32 on the CPU and no gradient is needed; otherwise the torch loop runs (the reference, equal up
 to float32 rounding: ``tests/test_lean_layer.py``).
 
@@ -28,6 +28,8 @@ from torch import Tensor
 from mdv.models.panels import PANEL, SIBLING_GROUPS, _version_of, load_kernel_library
 
 _QKV, _GATE_UP = SIBLING_GROUPS
+#: LeanWeights.weight_kind of each panel dtype (lean_layer.c's WEIGHTS_*)
+_WEIGHT_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}
 
 
 class LeanWeights(ctypes.Structure):
@@ -38,7 +40,7 @@ class LeanWeights(ctypes.Structure):
                 ("o", ctypes.c_void_p), ("o_b", ctypes.c_void_p), ("o_n", ctypes.c_int),
                 ("gu", ctypes.c_void_p), ("gu_b", ctypes.c_void_p), ("gu_n", ctypes.c_int),
                 ("down", ctypes.c_void_p), ("down_b", ctypes.c_void_p), ("down_n", ctypes.c_int),
-                ("f16", ctypes.c_int), ("k_off", ctypes.c_int), ("v_off", ctypes.c_int), ("up_off", ctypes.c_int),
+                ("weight_kind", ctypes.c_int), ("k_off", ctypes.c_int), ("v_off", ctypes.c_int), ("up_off", ctypes.c_int),
                 ("d", ctypes.c_int), ("H", ctypes.c_int), ("Hkv", ctypes.c_int), ("D", ctypes.c_int),
                 ("ffn", ctypes.c_int), ("scale", ctypes.c_float)]
 
@@ -133,7 +135,7 @@ def layer_plan(layers: Sequence[torch.nn.Module], H: int, Hkv: int, D: int, scal
             o=o.data_ptr(), o_b=_ptr(o_b), o_n=o.shape[0] * PANEL,
             gu=gu.data_ptr(), gu_b=_ptr(gu_b), gu_n=gu.shape[0] * PANEL,
             down=down.data_ptr(), down_b=_ptr(down_b), down_n=down.shape[0] * PANEL,
-            f16=int(qkv.dtype == torch.float16), k_off=qkv_pad[0], v_off=qkv_pad[0] + qkv_pad[1], up_off=gu_pad[0],
+            weight_kind=_WEIGHT_KINDS[qkv.dtype], k_off=qkv_pad[0], v_off=qkv_pad[0] + qkv_pad[1], up_off=gu_pad[0],
             d=ln1.numel(), H=H, Hkv=Hkv, D=D, ffn=gu_widths[0], scale=scale))
     if len(dtypes) != 1:  # one panel dtype per model (PanelPacks packs a model in one dtype)
         return None

@@ -54,11 +54,15 @@ PANEL = 16  # output columns per panel: two AVX2 registers of float32
 #: (mdv.models.lean), which calls them; compiled together into one shared library
 _SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("panel_linear.c", "lean_layer.c"))
 _FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
-#: the weight dtypes a panel pack can hold: float32 (the weights as they are) or float16 (half the bytes to
+#: the weight dtypes a panel pack can hold: float32 (the weights as they are), float16 (half the bytes to
 #: stream; the same bits as float32 panels for weights that are float16 values already, e.g. a draft shipped
-#: in float16, and rounded to float16 otherwise)
-PANEL_DTYPES = (torch.float32, torch.float16)
-_KERNEL_NAMES = {torch.float32: "panel_linear", torch.float16: "panel_linear_f16"}
+#: in float16, and rounded to float16 otherwise) or int8 (a quarter of the bytes: each output column
+#: quantised symmetrically with its own float32 scale, :func:`pack_panels`; for a draft only, whose proposal
+#: law is whatever it computes)
+PANEL_DTYPES = (torch.float32, torch.float16, torch.int8)
+_KERNEL_NAMES = {torch.float32: "panel_linear", torch.float16: "panel_linear_f16", torch.int8: "panel_linear_i8"}
+#: extra 16-byte lines an int8 panel carries after its K weight lines: its 16 float32 column scales (64 bytes)
+INT8_SCALE_LINES = 4
 #: sibling linears of one parent that read the same input in Llama-style decoders (attention's q, k, v; the
 #: MLP's gate and up): PanelPacks packs each group as one panel stream, so a caller that knows they share
 #: their input (the lean forward) runs them in one kernel call (:func:`sibling_product`); each layer keeps
@@ -107,7 +111,7 @@ def load_kernel_library() -> ctypes.CDLL:
 @functools.lru_cache(maxsize=1)
 def load_panel_kernel() -> dict[torch.dtype, Any]:
     """The compiled kernel's functions by panel weight dtype (``panel_linear`` for float32 panels,
-    ``panel_linear_f16`` for float16 ones), or one clear :class:`InvalidInputError` saying why they cannot be."""
+    ``panel_linear_f16`` for float16 ones, ``panel_linear_i8`` for int8 ones), or one clear :class:`InvalidInputError` saying why they cannot be."""
     lib = load_kernel_library()
     kernels: dict[torch.dtype, Any] = {}
     for dtype, name in _KERNEL_NAMES.items():
@@ -121,25 +125,54 @@ def load_panel_kernel() -> dict[torch.dtype, Any]:
 def check_panel_dtype(dtype: Any) -> torch.dtype:
     """``dtype`` when panels can hold it (:data:`PANEL_DTYPES`), else one clear error."""
     if dtype not in PANEL_DTYPES:
-        raise InvalidInputError(f"panels hold float32 or float16 weights; got dtype={dtype!r}")
+        raise InvalidInputError(f"panels hold float32, float16 or int8 weights; got dtype={dtype!r}")
     return dtype
 
 
 def pack_panels(weight: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """weight [N, K] -> panels [ceil(N/16), K, 16] with P[p, k, c] = W[16p + c, k] (zeros past row N), held
-    in ``dtype`` (float32, or float16: half the bytes, :data:`PANEL_DTYPES`)."""
+    in ``dtype`` (float32, or float16: half the bytes, :data:`PANEL_DTYPES`).
+
+    int8: each row n of W is quantised symmetrically, s_n = max_k |W[n, k]| / 127 (1 for a zero row) and
+    W8[n, k] = round(W[n, k] / s_n) in [-127, 127], and the panels are [ceil(N/16), K + 4, 16] int8 whose last
+    4 lines hold the panel's 16 scales as float32 bytes (``kernels/panel_linear.c``): the product is
+    s_n · Σ_k x_k W8[n, k], i.e. ``F.linear`` with the weight :func:`panel_weight` (within 1/254 of max |W[n]|
+    per entry)."""
     n, k = weight.shape
     pad = -n % PANEL
-    w = weight.detach().to(check_panel_dtype(dtype))
+    if check_panel_dtype(dtype) is not torch.int8:
+        w = weight.detach().to(dtype)
+        if pad:
+            w = torch.cat([w, w.new_zeros(pad, k)])
+        return w.reshape(-1, PANEL, k).transpose(1, 2).contiguous()  # [N'/16, K, 16]
+    w = weight.detach().to(torch.float32)
     if pad:
         w = torch.cat([w, w.new_zeros(pad, k)])
-    return w.reshape(-1, PANEL, k).transpose(1, 2).contiguous()  # [N'/16, K, 16]
+    scale = w.abs().amax(dim=1) / 127.0  # [N'] per output column
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    w8 = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # [N', K]
+    lines = w8.reshape(-1, PANEL, k).transpose(1, 2)  # [N'/16, K, 16]
+    scale_lines = scale.reshape(-1, PANEL).contiguous().view(torch.int8).reshape(-1, INT8_SCALE_LINES, PANEL)
+    return torch.cat([lines, scale_lines], dim=1).contiguous()  # [N'/16, K + 4, 16]
+
+
+def panel_weight(panels: Tensor, out_features: int) -> Tensor:
+    """The float32 weight [out_features, K] that ``panels`` multiply by (the inverse of :func:`pack_panels`;
+    for int8 panels the dequantised s_n · W8[n, k])."""
+    if panels.dtype is torch.int8:
+        lines = panels[:, :-INT8_SCALE_LINES]  # [P, K, 16]
+        scale = panels[:, -INT8_SCALE_LINES:].contiguous().view(torch.float32).reshape(-1)  # [P*16]
+        w = lines.transpose(1, 2).reshape(-1, lines.shape[1]).to(torch.float32) * scale[:, None]
+    else:
+        w = panels.transpose(1, 2).reshape(-1, panels.shape[1]).to(torch.float32)
+    return w[:out_features]
 
 
 def panel_linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
     """``F.linear(x, W, b)`` on the panels of W (module docstring).
 
-    x: [..., K] float32 on the CPU; panels: [N'/16, K, 16] float32 or float16 (:func:`pack_panels`); bias:
+    x: [..., K] float32 on the CPU; panels: [N'/16, K, 16] float32 or float16, or [N'/16, K + 4, 16] int8
+    (:func:`pack_panels`); bias:
     [N'] float32 (padded like the panels) or None.  -> [..., out_features] float32."""
     kernel = load_panel_kernel()[panels.dtype]
     lead = x.shape[:-1]
@@ -235,9 +268,10 @@ class PanelPacks(LinearForwards):
     ``with panels:`` runs the model's linears on them (module docstring).  A weight shared by several layers
     (a tied head) is packed once.
 
-    ``dtype``: the panels' weight dtype, float32 (default: the model's own products) or float16 (half the
-    bytes per pass; exact for float16-valued weights, rounded otherwise: for a draft, whose proposal law is
-    whatever it computes, not for a target, whose law must stay its own).
+    ``dtype``: the panels' weight dtype, float32 (default: the model's own products), float16 (half the
+    bytes per pass; exact for float16-valued weights, rounded otherwise) or int8 (a quarter of the bytes, one
+    scale per output column, :func:`pack_panels`).  The last two are for a draft, whose proposal law is
+    whatever it computes, not for a target, whose law must stay its own.
 
     Sibling linears that read one input (:data:`SIBLING_GROUPS`: q, k, v; gate, up) are packed as one stream
     whose slices are the members' panels (no extra memory); :func:`sibling_product` runs a group in one call.

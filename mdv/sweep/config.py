@@ -189,7 +189,8 @@ class ModelsGroup:
     tiny pair (deterministic from ``seed``).  linears: ``panels`` runs the pair's linears on weight panels
     (:mod:`mdv.models.panels`) for the whole process: the same law up to float32 rounding, faster passes.
     draft_panel_dtype: with ``linears=panels``, ``float16`` holds the draft's panels in float16 (half its bytes
-    per step; lossless, since q stays the exact law of the draft tokens; the target's stay float32).
+    per step), ``int8`` in int8 with a scale per output column (a quarter); lossless, since q stays the exact
+    law of the draft tokens; the target's stay float32.
     forward: ``lean`` runs the decoding sessions on :mod:`mdv.models.lean` (Llama-like decoders; the same law
     up to float32 rounding, less per-layer overhead), ``hf`` on transformers' forward.  ``auto`` (linears and
     forward): the fast path where it runs here, else the plain one; :func:`resolve_auto_models` picks before
@@ -267,6 +268,11 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+#: the draft's panel dtypes (models.draft_panel_dtype, e2e.draft_panel_dtype): float32, float16 (half the
+#: bytes), int8 (a quarter, one scale per output column; mdv.models.panels.pack_panels)
+DRAFT_PANEL_DTYPES = ("float32", "float16", "int8")
+#: what each adds to the pair's label (models_label): a sweep never pairs cells run on other draft code
+_DRAFT_PANEL_LABELS = {"float32": "", "float16": "+draft_f16", "int8": "+draft_i8"}
 _LLAMA_KINDS = ("default", "tiny_random")  # pairs whose target and draft are LlamaForCausalLM by construction
 
 
@@ -275,7 +281,7 @@ def resolve_auto_models(m: ModelsGroup) -> list[str]:
     one line per choice (for the log).
 
     linears: ``panels`` when the pair is float32 on the CPU and the panel kernel builds and loads here (it
-    is compiled now, once per machine: ~0.3 s), else ``plain``; a ``draft_panel_dtype`` of float16 asked for
+    is compiled now, once per machine: ~0.3 s), else ``plain``; a ``draft_panel_dtype`` of float16 or int8 asked for
     alongside falls back to float32 with it.  forward: ``lean`` for the default and the tiny pair (Llama
     decoders by construction), ``hf`` for a pair of your own (``models.forward=lean`` runs any Llama pair;
     the lean forward refuses other decoders with one clear error).  Settings other than ``auto`` are kept.
@@ -365,10 +371,11 @@ def validate(cfg: RunConfig) -> None:
         ok, why = panel_kernel_status()
         if not ok:
             raise InvalidInputError(f"models.linears=panels: {why} (models.linears=plain)")
-    if cfg.models.draft_panel_dtype not in ("float32", "float16"):
-        raise InvalidInputError(f"models.draft_panel_dtype must be float32 or float16; got {cfg.models.draft_panel_dtype!r}")
-    if cfg.models.draft_panel_dtype == "float16" and LinearsKind(enum_value(cfg.models.linears)) != LinearsKind.panels:
-        raise InvalidInputError("models.draft_panel_dtype=float16 holds the draft's panels in float16: set models.linears=panels")
+    dpd = cfg.models.draft_panel_dtype
+    if dpd not in DRAFT_PANEL_DTYPES:
+        raise InvalidInputError(f"models.draft_panel_dtype must be one of {', '.join(DRAFT_PANEL_DTYPES)}; got {dpd!r}")
+    if dpd != "float32" and LinearsKind(enum_value(cfg.models.linears)) != LinearsKind.panels:
+        raise InvalidInputError(f"models.draft_panel_dtype={dpd} holds the draft's panels in {dpd}: set models.linears=panels")
     if cfg.threads is not None and (not _is_int(cfg.threads) or cfg.threads < 1):
         raise InvalidInputError(f"threads must be null or an integer >= 1; got {cfg.threads}")
     kind = ModelKind(enum_value(cfg.models.kind))
@@ -383,7 +390,7 @@ def models_label(m: ModelsGroup) -> str:
     an AR cell's time with a cell's on other code)."""
     label = str(m.name)
     if LinearsKind(enum_value(m.linears)) == LinearsKind.panels:
-        label += "+panels" + ("+draft_f16" if getattr(m, "draft_panel_dtype", "float32") == "float16" else "")
+        label += "+panels" + _DRAFT_PANEL_LABELS[getattr(m, "draft_panel_dtype", "float32")]
     if ForwardKind(enum_value(getattr(m, "forward", ForwardKind.hf))) == ForwardKind.lean:
         label += "+lean"
     return label

@@ -28,10 +28,17 @@
 
 int panel_linear(const float* x, const float* P, const float* b, float* y, int M, int N, int K, int threads);
 int panel_linear_f16(const float* x, const unsigned short* P, const float* b, float* y, int M, int N, int K, int threads);
+int panel_linear_i8(const float* x, const signed char* P, const float* b, float* y, int M, int N, int K, int threads);
 
-static int linear(int f16, const float* x, const void* P, const float* b, float* y, int M, int N, int K, int threads) {
-    return f16 ? panel_linear_f16(x, (const unsigned short*)P, b, y, M, N, K, threads)
-               : panel_linear(x, (const float*)P, b, y, M, N, K, threads);
+/* The panels' weight kind (LeanWeights.weight_kind). */
+enum { WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_I8 = 2 };
+
+static int linear(int kind, const float* x, const void* P, const float* b, float* y, int M, int N, int K, int threads) {
+    switch (kind) {
+        case WEIGHTS_F16: return panel_linear_f16(x, (const unsigned short*)P, b, y, M, N, K, threads);
+        case WEIGHTS_I8: return panel_linear_i8(x, (const signed char*)P, b, y, M, N, K, threads);
+        default: return panel_linear(x, (const float*)P, b, y, M, N, K, threads);
+    }
 }
 
 static void rms_norm(const float* x, const float* w, float eps, float* out, int T, int d) {
@@ -229,14 +236,15 @@ static double sum_double(const float* s, int N) {
     return t;
 }
 
-/* A layer's weights: panels (float32, or float16 bits when f16) and padded biases or NULL. */
+/* A layer's weights: panels (float32, float16 bits or int8 with their scales: weight_kind) and padded biases
+ * or NULL. */
 typedef struct {
     const float* ln1; const float* ln2; float eps;
     const void* qkv; const float* qkv_b; int qkv_n;   /* fused q|k|v stream and its padded width */
     const void* o; const float* o_b; int o_n;
     const void* gu; const float* gu_b; int gu_n;      /* fused gate|up stream */
     const void* down; const float* down_b; int down_n;
-    int f16;
+    int weight_kind;                                  /* WEIGHTS_F32, WEIGHTS_F16 or WEIGHTS_I8 */
     int k_off, v_off, up_off;                         /* column offsets of k, v, up in the fused outputs */
     int d, H, Hkv, D, ffn;
     float scale;
@@ -307,7 +315,7 @@ int lean_layer(float* x, const LeanWeights* W, const LeanPass* P, float* kc, flo
     float* scores = mid + (size_t)T * W->ffn;                                 /* [threads][keys] */
 
     rms_norm(x, W->ln1, W->eps, normed, T, d);
-    if (linear(W->f16, normed, W->qkv, W->qkv_b, wide, T, W->qkv_n, d, threads)) return 2;
+    if (linear(W->weight_kind, normed, W->qkv, W->qkv_b, wide, T, W->qkv_n, d, threads)) return 2;
     for (int r = 0; r < P->R; r++)
         for (int t = 0; t < n; t++) {
             float* row = wide + (size_t)(r * n + t) * W->qkv_n;
@@ -323,18 +331,18 @@ int lean_layer(float* x, const LeanWeights* W, const LeanPass* P, float* kc, flo
             }
         }
     attention(W, P, wide, kc, vc, heads, scores);
-    if (linear(W->f16, heads, W->o, W->o_b, proj, T, W->o_n, H * D, threads)) return 2;
+    if (linear(W->weight_kind, heads, W->o, W->o_b, proj, T, W->o_n, H * D, threads)) return 2;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < d; i++) x[(size_t)t * d + i] += proj[(size_t)t * W->o_n + i];
     rms_norm(x, W->ln2, W->eps, normed, T, d);
-    if (linear(W->f16, normed, W->gu, W->gu_b, wide, T, W->gu_n, d, threads)) return 2;
+    if (linear(W->weight_kind, normed, W->gu, W->gu_b, wide, T, W->gu_n, d, threads)) return 2;
     for (int t = 0; t < T; t++) {
         const float* g = wide + (size_t)t * W->gu_n;
         const float* u = g + W->up_off;
         float* m = mid + (size_t)t * W->ffn;
         silu_mul(m, g, u, W->ffn);
     }
-    if (linear(W->f16, mid, W->down, W->down_b, proj, T, W->down_n, W->ffn, threads)) return 2;
+    if (linear(W->weight_kind, mid, W->down, W->down_b, proj, T, W->down_n, W->ffn, threads)) return 2;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < d; i++) x[(size_t)t * d + i] += proj[(size_t)t * W->down_n + i];
     return 0;

@@ -9,6 +9,11 @@
  * the cache.  Sums over k run in order (on random [49152 x 576] weights the error against a float64
  * product, 2e-5, is below MKL's sgemm's, 4e-5).
  *
+ * Int8 panels (panel_linear_i8) hold W's per-column-quantised values and, after the K lines of each panel,
+ * one more line of the panel's 16 float32 column scales s: P8 [N/16][K + 4][16] bytes, the last 4 "rows" the
+ * scales.  Then y[m, n] = s[n] * sum_k x[m, k] P8[p, k, c] (+ b[n]): the same sums as a float32 panel of
+ * the int8 values, times the scale (a quarter of the float32 bytes to stream).
+ *
  * Built by mdv.models.panels with gcc -O3 -mavx2 -mfma -mf16c -fopenmp; called through ctypes. */
 #include <stddef.h>
 #include <immintrin.h>
@@ -21,6 +26,11 @@
  * float16 panel gives the same bits as a float32 panel of the same, float16-representable, values). */
 #define LOAD_W32(ptr) _mm256_loadu_ps(ptr)
 #define LOAD_W16(ptr) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(ptr)))
+#define LOAD_W8(ptr) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(ptr))))
+/* Extra 16-column lines after a panel's K lines: int8 panels carry their 16 float32 scales there. */
+#define EXTRA_W32 0
+#define EXTRA_W16 0
+#define EXTRA_W8 4
 
 /* For 1-2 rows the MB x 2 accumulator chains are too few to hide the FMA latency (5 cycles on Zen 2), most
  * of all on float16 panels, whose line carries only 32 k-values: even and odd k then sum into separate
@@ -30,7 +40,7 @@
  * whether its block has <= SPLIT_ROWS rows. */
 #define SPLIT_ROWS 2
 
-#define KERNEL(MB, WT, LOAD, SUFFIX)                                                                        \
+#define KERNEL(MB, WT, LOAD, EXTRA, SUFFIX)                                                                 \
 static void kernel##MB##SUFFIX(const float* restrict x, const WT* restrict panel, const float* restrict b, \
                        float* restrict y, int N, int K, int n0, int m0) {                                  \
     __m256 a0[MB], a1[MB], c0[MB], c1[MB];                                                                 \
@@ -41,8 +51,8 @@ static void kernel##MB##SUFFIX(const float* restrict x, const WT* restrict panel
     const int split = MB <= SPLIT_ROWS;                                                                   \
     if (split) {                                                                                           \
         for (; k + 2 <= K; k += 2) {                                                                       \
-            /* float16 lines hold 2 k: the stream needs the software prefetch (float32: no gain) */     \
-            if (sizeof(WT) == 2) _mm_prefetch((const char*)(panel + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0); \
+            /* float16 / int8 lines hold 2 / 4 k: the stream needs the software prefetch (float32: no gain) */ \
+            if (sizeof(WT) <= 2) _mm_prefetch((const char*)(panel + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0); \
             __m256 w0 = LOAD(panel + 16 * (size_t)k), w1 = LOAD(panel + 16 * (size_t)k + 8);               \
             __m256 v0 = LOAD(panel + 16 * (size_t)k + 16), v1 = LOAD(panel + 16 * (size_t)k + 24);         \
             _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) {                                         \
@@ -68,6 +78,11 @@ static void kernel##MB##SUFFIX(const float* restrict x, const WT* restrict panel
     if (split) {                                                                                           \
         _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) { a0[j] = _mm256_add_ps(a0[j], c0[j]); a1[j] = _mm256_add_ps(a1[j], c1[j]); } \
     }                                                                                                      \
+    if (EXTRA) {  /* int8: the column scales sit after the K lines */                                      \
+        const float* sc = (const float*)(const void*)(panel + 16 * (size_t)K);                              \
+        __m256 s0 = _mm256_loadu_ps(sc), s1 = _mm256_loadu_ps(sc + 8);                                     \
+        _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) { a0[j] = _mm256_mul_ps(a0[j], s0); a1[j] = _mm256_mul_ps(a1[j], s1); } \
+    }                                                                                                      \
     if (b) {                                                                                               \
         __m256 b0 = _mm256_loadu_ps(b + n0), b1 = _mm256_loadu_ps(b + n0 + 8);                             \
         _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) { a0[j] = _mm256_add_ps(a0[j], b0); a1[j] = _mm256_add_ps(a1[j], b1); } \
@@ -78,20 +93,23 @@ static void kernel##MB##SUFFIX(const float* restrict x, const WT* restrict panel
     }                                                                                                      \
 }
 
-KERNEL(1, float, LOAD_W32, _f32) KERNEL(2, float, LOAD_W32, _f32) KERNEL(3, float, LOAD_W32, _f32)
-KERNEL(4, float, LOAD_W32, _f32) KERNEL(5, float, LOAD_W32, _f32) KERNEL(6, float, LOAD_W32, _f32)
-KERNEL(1, unsigned short, LOAD_W16, _f16) KERNEL(2, unsigned short, LOAD_W16, _f16) KERNEL(3, unsigned short, LOAD_W16, _f16)
-KERNEL(4, unsigned short, LOAD_W16, _f16) KERNEL(5, unsigned short, LOAD_W16, _f16) KERNEL(6, unsigned short, LOAD_W16, _f16)
+KERNEL(1, float, LOAD_W32, EXTRA_W32, _f32) KERNEL(2, float, LOAD_W32, EXTRA_W32, _f32) KERNEL(3, float, LOAD_W32, EXTRA_W32, _f32)
+KERNEL(4, float, LOAD_W32, EXTRA_W32, _f32) KERNEL(5, float, LOAD_W32, EXTRA_W32, _f32) KERNEL(6, float, LOAD_W32, EXTRA_W32, _f32)
+KERNEL(1, unsigned short, LOAD_W16, EXTRA_W16, _f16) KERNEL(2, unsigned short, LOAD_W16, EXTRA_W16, _f16) KERNEL(3, unsigned short, LOAD_W16, EXTRA_W16, _f16)
+KERNEL(4, unsigned short, LOAD_W16, EXTRA_W16, _f16) KERNEL(5, unsigned short, LOAD_W16, EXTRA_W16, _f16) KERNEL(6, unsigned short, LOAD_W16, EXTRA_W16, _f16)
+KERNEL(1, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(2, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(3, signed char, LOAD_W8, EXTRA_W8, _i8)
+KERNEL(4, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(5, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(6, signed char, LOAD_W8, EXTRA_W8, _i8)
 
 /* x [M, K], P [N/16][K][16], b [N] or NULL, y [M, N]: x, b, y float32, P float32 (panel_linear) or float16
- * bits (panel_linear_f16), all contiguous.  Returns 0, or 1 when N is not a multiple of 16 (nothing written). */
-#define PANEL_LINEAR(NAME, WT, SUFFIX)                                                                      \
+ * bits (panel_linear_f16), or P [N/16][K + 4][16] int8 with the scales (panel_linear_i8), all contiguous.
+ * Returns 0, or 1 when N is not a multiple of 16 (nothing written). */
+#define PANEL_LINEAR(NAME, WT, EXTRA, SUFFIX)                                                               \
 int NAME(const float* x, const WT* P, const float* b, float* y, int M, int N, int K, int threads) {         \
     if (N % 16 != 0 || M < 0 || K < 0) return 1;                                                           \
     int panels = N / 16;                                                                                   \
     _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
     for (int p = 0; p < panels; p++) {                                                                     \
-        const WT* panel = P + (size_t)p * K * 16;                                                          \
+        const WT* panel = P + (size_t)p * (K + EXTRA) * 16;                                                \
         int n0 = 16 * p, m0 = 0;                                                                           \
         for (; m0 + 6 <= M; m0 += 6) kernel6##SUFFIX(x, panel, b, y, N, K, n0, m0);                        \
         switch (M - m0) {                                                                                  \
@@ -105,5 +123,6 @@ int NAME(const float* x, const WT* P, const float* b, float* y, int M, int N, in
     return 0;                                                                                              \
 }
 
-PANEL_LINEAR(panel_linear, float, _f32)
-PANEL_LINEAR(panel_linear_f16, unsigned short, _f16)
+PANEL_LINEAR(panel_linear, float, EXTRA_W32, _f32)
+PANEL_LINEAR(panel_linear_f16, unsigned short, EXTRA_W16, _f16)
+PANEL_LINEAR(panel_linear_i8, signed char, EXTRA_W8, _i8)
