@@ -575,7 +575,10 @@ CLI_CASES: dict[str, CliCase] = {
     # python -m experiments.bench
     "bench/unknown-benchmark": CliCase("bench", {"benchmarks": "[nope]"},
                                        r"benchmarks=\[nope\]; Invalid value 'nope', expected one of \[verifier,"
-                                       r" target_pass, pass_limit, e2e, oracle, memory, paired, audit, hf_compare\]"),
+                                       r" target_pass, pass_limit, draft_step, e2e, oracle, memory, paired, audit, hf_compare\]"),
+    "bench/draft_step-dtype": CliCase("bench", {"benchmarks": "[draft_step]", "draft_step.dtypes": "[bfloat16]"},
+                                      r"draft_step.dtypes must be distinct entries of float32, float16, int8; got"
+                                      r" \['bfloat16'\]"),
     "bench/unknown-method": CliCase("bench", {"verifier.methods": "[nope]"},
                                     r"verifier.methods: unknown method 'nope'; valid methods are: " + ALL_VERIFIERS),
     "bench/K=0": CliCase("bench", {"verifier.K": "[0]"},
@@ -584,6 +587,11 @@ CLI_CASES: dict[str, CliCase] = {
                                    r"dtype must be one of float32, bfloat16, float16, float64; got 'int8'"),
     "bench/unknown-dataset": CliCase("bench", {"benchmarks": "[e2e]", "e2e.pair": "tiny_random", "e2e.datasets": "[gsm9k]"},
                                      r"e2e.datasets: unknown dataset 'gsm9k'; valid datasets are: alpaca, gsm8k,"),
+    "bench/draft_step-without-a-compiler": CliCase("bench", {"benchmarks": "[draft_step]", "draft_step.pair": "tiny_random"},
+                                                    r"draft_step times the draft on weight panels: the panel kernel (needs an"
+                                                    r" x86-64 CPU with AVX2|is compiled on first use, but no C compiler was"
+                                                    r" found).* \(leave draft_step out of benchmarks\)$",
+                                                    env={"CC": "mdv-no-such-compiler"}),
     "bench/panels-without-a-compiler": CliCase("bench", {"benchmarks": "[pass_limit]", "pass_limit.pair": "tiny_random",
                                                          "pass_limit.panels": "true"},
                                                r"e2e.panels / pass_limit.panels: the panel kernel (needs an x86-64 CPU"

@@ -482,6 +482,34 @@ def test_e2e_draft_panels_in_float16_or_int8(tiny_pair, tmp_path, monkeypatch, d
                                draft_panel_dtype=dtype), pair=tiny_pair)
 
 
+@pytest.mark.skipif(not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler")
+def test_draft_step_benchmark_times_every_dtype_side_by_side(tiny_pair, tmp_path) -> None:
+    from mdv.bench.config import DraftStepBench
+    from mdv.bench.draft_step import run_draft_step
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_draft_step
+
+    cfg = DraftStepBench(pair=PairKind.tiny_random, K=[1, 2], L=3, context=6, repeats=2, law_positions=5,
+                         bandwidth_megabytes=8)
+    rec = _check_record(run_draft_step(cfg, pair=tiny_pair), "draft_step", tmp_path)
+    rows = rec["results"]["rows"]
+    assert [(r["dtype"], r["K"]) for r in rows] == [(d, k) for k in (1, 2) for d in ("float32", "float16", "int8")]
+    bw = rec["results"]["read_GBps"]["median"]
+    for r in rows:
+        _check_spread(r["ms"], 2)
+        assert r["limit_ms"] == pytest.approx(1e3 * 3 * r["pack_bytes"] / (bw * 1e9))
+        assert r["vs_limit"]["median"] == pytest.approx(r["ms"]["median"] / r["limit_ms"])
+    by = {r["dtype"]: r for r in rows if r["K"] == 1}
+    assert by["float32"]["vs_float32"]["median"] == 1.0
+    assert by["float32"]["law_tv_vs_float32"] == {"mean": 0.0, "max": 0.0}  # the same panels, the same law
+    assert 0 < by["int8"]["law_tv_vs_float32"]["mean"] <= by["int8"]["law_tv_vs_float32"]["max"] < 0.5  # rounded
+    assert by["int8"]["pack_bytes"] < by["float16"]["pack_bytes"] < by["float32"]["pack_bytes"]
+    text = "\n".join(section_draft_step(load_record(tmp_path / "bench_draft_step.json")))
+    assert "| int8 | 2 |" in text and "÷ float32" in text
+    with pytest.raises(InvalidInputError, match="draft_step.dtypes must be distinct entries of float32, float16, int8"):
+        run_draft_step(DraftStepBench(dtypes=["bfloat16"]), pair=tiny_pair)
+
+
 def test_hf_compare_benchmark_tiny(tmp_path) -> None:
     pair = bench.load_pair(torch.device("cpu"), PairKind.tiny_random, TinyPair(num_layers=2))
     cfg = bench.HFCompareBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=5,

@@ -322,7 +322,7 @@ def test_missing_benchmarks_and_skipped_plots_are_reported(records_dir, tmp_path
     assert "e2e_time_split.png: skipped (no e2e record)" in stdout
     assert list(out.glob("*.png")) == []
     md = (out / "bench_report.md").read_text()
-    assert "Missing benchmarks (no usable record): `verifier`, `target_pass`, `pass_limit`, `e2e`, `memory`, `paired`, `audit`, `hf_compare`." in md
+    assert "Missing benchmarks (no usable record): `verifier`, `target_pass`, `pass_limit`, `draft_step`, `e2e`, `memory`, `paired`, `audit`, `hf_compare`." in md
     assert "## oracle" in md and "## e2e" not in md
 
 
@@ -404,6 +404,6 @@ def test_corrupt_files_among_good_ones_warn_and_go_on(records_dir, tmp_path) -> 
     for name in ("bench_e2e.json", "bench_oracle.json", "bench_memory.json", "empty"):
         assert sum(name in line for line in lines) == 1, name
     md = (out / "bench_report.md").read_text()
-    assert "Missing benchmarks (no usable record): `target_pass`, `pass_limit`, `e2e`, `oracle`, `memory`, `paired`, `audit`, `hf_compare`." in md
+    assert "Missing benchmarks (no usable record): `target_pass`, `pass_limit`, `draft_step`, `e2e`, `oracle`, `memory`, `paired`, `audit`, `hf_compare`." in md
     assert "## Warnings" in md and "bench_e2e.json: not valid JSON" in md
     assert is_png(out / "verify_cost_vs_vocab.png")

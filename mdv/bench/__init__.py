@@ -4,7 +4,8 @@
     timing.py      interleaved repeats, spreads, ratios within a repeat
     records.py     the environment, printed tables, goals, ``bench_<name>.json``
     pairs.py       the model pairs and prompts the benchmarks run on
-    verifier.py target_pass.py pass_limit.py e2e.py hf_compare.py oracle.py memory.py paired.py audit.py
+    verifier.py target_pass.py pass_limit.py draft_step.py e2e.py hf_compare.py oracle.py memory.py paired.py
+    audit.py
                    one benchmark each
     runner.py      run(): the selected benchmarks in order
     report.py      the bench report (Markdown and plots) from the records
@@ -21,6 +22,9 @@ JSON-able record (``experiments/bench`` writes it to ``bench_<name>.json`` under
   cache, one batched pass, keep the selected row), each against the single-draft pass.
 * ``pass_limit`` -- the target's cached pass over n new tokens against its physical limit, max(weight bytes
   / read bandwidth, n x FLOPs per token / GEMM peak), bandwidth and peak measured in the same run.
+* ``draft_step`` -- one drafting iteration (K blocks of L cached steps) with the draft's panels in float32,
+  float16 and int8 side by side, against L x panel bytes / read bandwidth, and how far each rounding moves
+  the draft's law (total variation to float32's).
 * ``e2e``         -- AR and every method on a model pair over prompts from :mod:`mdv.data`: tokens/s,
   speedup over AR, block efficiency and the draft / target / verify time split.
 * ``hf_compare`` -- mdv against Hugging Face ``generate`` on the same pair, prompts and L: plain sampling,

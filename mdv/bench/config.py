@@ -20,6 +20,7 @@ class Benchmark(str, enum.Enum):
     verifier = "verifier"
     target_pass = "target_pass"
     pass_limit = "pass_limit"
+    draft_step = "draft_step"
     e2e = "e2e"
     oracle = "oracle"
     memory = "memory"
@@ -181,6 +182,27 @@ class PassLimitBench:
     goal_prob_diff: float = 1e-6
 
 
+@dataclass
+class DraftStepBench:
+    """``draft_step``: one drafting iteration (K blocks of L cached steps, :func:`mdv.drafters.model.draft_blocks`)
+    of the pair's draft on the lean forward, its panels in each of ``dtypes``, side by side, against
+    L x panel bytes / read bandwidth; and how far each dtype's rounding moves the draft's law
+    (:mod:`mdv.bench.draft_step`)."""
+
+    pair: PairKind = PairKind.default
+    dtypes: list[str] = field(default_factory=lambda: ["float32", "float16", "int8"])
+    K: list[int] = field(default_factory=lambda: [1, 3])
+    L: int = 4
+    context: int = 128
+    temperature: float = 0.4
+    repeats: int = 9
+    warmup: int = 1
+    #: positions of one context at which each dtype's next-token law is compared with float32 panels' (T = 1)
+    law_positions: int = 32
+    bandwidth_megabytes: int = 512
+    seed: int = 0
+
+
 #: the contenders of ``hf_compare`` (mdv.bench.hf_compare)
 HF_COMPARE_CONTENDERS = ("hf_plain", "hf_assistant", "hf_prompt_lookup", "hf_early_exit", "mdv_ar", "mdv_sd_model",
                          "mdv_sd_ngram", "mdv_sd_layerskip")
@@ -294,6 +316,7 @@ class BenchConfig:
     paired: PairedBench = field(default_factory=PairedBench)
     audit: AuditBench = field(default_factory=AuditBench)
     pass_limit: PassLimitBench = field(default_factory=PassLimitBench)
+    draft_step: DraftStepBench = field(default_factory=DraftStepBench)
     hf_compare: HFCompareBench = field(default_factory=HFCompareBench)
     tiny: TinyPair = field(default_factory=TinyPair)
 
@@ -369,6 +392,15 @@ def validate(cfg: BenchConfig) -> None:
         ok, why = panel_kernel_status()
         if not ok:
             raise InvalidInputError(f"e2e.panels / pass_limit.panels: {why} (set them to false)")
+    if Benchmark.draft_step in [Benchmark(b) for b in cfg.benchmarks]:
+        from mdv.models.panels import panel_kernel_status
+
+        ok, why = panel_kernel_status()
+        if not ok:
+            raise InvalidInputError(f"draft_step times the draft on weight panels: {why} (leave draft_step out of benchmarks)")
+    from mdv.bench.draft_step import check_draft_step
+
+    check_draft_step(cfg.draft_step)
     pl = cfg.pass_limit
     if not pl.n or any(n < 1 for n in pl.n) or not pl.threads or any(t < 1 for t in pl.threads):
         raise InvalidInputError(f"pass_limit.n and pass_limit.threads must be non-empty lists of integers >= 1; got"

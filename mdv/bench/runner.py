@@ -10,6 +10,7 @@ import torch
 
 from mdv.bench.audit import run_audit_bench
 from mdv.bench.config import BenchConfig, Benchmark, PairKind, validate
+from mdv.bench.draft_step import run_draft_step
 from mdv.bench.e2e import run_e2e
 from mdv.bench.hf_compare import run_hf_compare
 from mdv.bench.memory import run_memory
@@ -50,6 +51,8 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
             rec = run_hf_compare(cfg.hf_compare, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "pass_limit":
             rec = run_pass_limit(cfg.pass_limit, tiny=cfg.tiny, dtype=cfg.dtype)
+        elif name == "draft_step":
+            rec = run_draft_step(cfg.draft_step, tiny=cfg.tiny)
         elif name == "paired":
             rec = run_paired_benchmark(cfg.paired, threads=int(cfg.threads), tiny=cfg.tiny)
         else:

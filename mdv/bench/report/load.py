@@ -210,6 +210,17 @@ def _validate_results(name: str, res: Any) -> None:
                 _num_or_none(r, "limit_ms", f"{w}.passes[{j}]")
                 for k in ("ms", "vs_limit"):
                     _spread_ok(r.get(k), f"{w}.passes[{j}].{k}")
+    elif name == "draft_step":
+        _check(isinstance(res, dict), "results must be an object {rows, read_GBps, ...}")
+        _spread_ok(res.get("read_GBps"), "results.read_GBps")
+        for i, r in enumerate(_rows(res.get("rows"), "results.rows")):
+            w = f"results.rows[{i}]"
+            _check(isinstance(r.get("dtype"), str), f"{w}: 'dtype' must be a string")
+            _check(isinstance(r.get("K"), int), f"{w}: 'K' must be an integer")
+            for k in ("limit_ms", "pack_bytes"):
+                _num_or_none(r, k, w)
+            for k in ("ms", "vs_limit"):
+                _spread_ok(r.get(k), f"{w}.{k}")
     elif name == "memory":
         _check(isinstance(res, dict), "results must be an object")
         for k in ("rss_before_mib", "peak_rss_mib", "rss_after_warmup_mib", "rss_end_mib", "rss_growth_mib",

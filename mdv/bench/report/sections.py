@@ -318,7 +318,26 @@ def section_pass_limit(rec: Record) -> list[str]:
     return lines[:-1]
 
 
+def section_draft_step(rec: Record) -> list[str]:
+    res = rec.results
+    rows = res["rows"]
+    ref = rec.config.get("dtypes", [rows[0]["dtype"]])[0]
+    lines = ["## draft_step: one drafting iteration per panel dtype of the draft", "",
+             f"{rec.summary.get('draft') or 'draft'}; K blocks of {rows[0].get('L', '-')} cached steps"
+             f" (`draft_blocks`) after {fmt(res.get('context'))} tokens on the lean forward, each timed call after a"
+             " cache eviction, dtypes interleaved. Limit = L × panel bytes ÷ read bandwidth"
+             f" ({rng(res['read_GBps'])} GB/s, measured in the run). Law TV: total variation between the dtype's"
+             " next-token law and float32 panels' (T = 1), mean and max over the compared positions.", ""]
+    lines += md_table(["dtype", "K", "ms", "limit ms", "× limit", f"÷ {ref}", "panel MB", "law TV vs float32"],
+                      [[r["dtype"], r["K"], rng(r["ms"]), fmt(r["limit_ms"]), rng(r["vs_limit"]),
+                        rng(r[f"vs_{ref}"]) if f"vs_{ref}" in r else "-", fmt(r["pack_bytes"] / 1e6),
+                        (f"{fmt(r['law_tv_vs_float32']['mean'])} / {fmt(r['law_tv_vs_float32']['max'])}"
+                         if "law_tv_vs_float32" in r else "-")] for r in rows])
+    return lines
+
+
 SECTIONS: dict[str, Callable[..., list[str]]] = {
     "verifier": section_verifier, "target_pass": section_target_pass, "e2e": section_e2e, "oracle": section_oracle,
     "memory": section_memory, "paired": section_paired, "audit": section_audit, "pass_limit": section_pass_limit,
+    "draft_step": section_draft_step,
     "hf_compare": section_hf_compare}
