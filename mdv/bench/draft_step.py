@@ -21,12 +21,12 @@ panels' one, at ``law_positions`` positions of one context (T = 1, before any sa
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from mdv.bench.config import DraftStepBench, TinyPair
-from mdv.bench.pairs import pair_for, torch_device
+from mdv.bench.pairs import pair_for
 from mdv.bench.pass_limit import read_bandwidth
 from mdv.bench.records import bench_record, print_table, range_text
 from mdv.bench.timing import CacheEvictor, ratios_of, rotated, spread, time_call
@@ -34,16 +34,14 @@ from mdv.errors import InvalidInputError
 from mdv.models.lean import LeanModel
 from mdv.models.panels import PanelPacks
 from mdv.models.sampling import SamplingConfig
-
-#: the panel dtypes the benchmark can compare (mdv.sweep.config.DRAFT_PANEL_DTYPES)
-DTYPES = ("float32", "float16", "int8")
+from mdv.sweep.config import DRAFT_PANEL_DTYPES
 
 
 def check_draft_step(cfg: DraftStepBench) -> None:
     """One clear error for a setting the benchmark cannot run."""
-    bad = [d for d in cfg.dtypes if d not in DTYPES]
+    bad = [d for d in cfg.dtypes if d not in DRAFT_PANEL_DTYPES]
     if bad or not cfg.dtypes or len(set(cfg.dtypes)) != len(cfg.dtypes):
-        raise InvalidInputError(f"draft_step.dtypes must be distinct entries of {', '.join(DTYPES)}; got {list(cfg.dtypes)}")
+        raise InvalidInputError(f"draft_step.dtypes must be distinct entries of {', '.join(DRAFT_PANEL_DTYPES)}; got {list(cfg.dtypes)}")
     if not cfg.K or any(int(k) < 1 for k in cfg.K):
         raise InvalidInputError(f"draft_step.K must list integers >= 1; got {list(cfg.K)}")
     if cfg.L < 1 or cfg.context < 1 or cfg.repeats < 1 or cfg.law_positions < 1:
@@ -51,16 +49,15 @@ def check_draft_step(cfg: DraftStepBench) -> None:
                                 f" L={cfg.L}, context={cfg.context}, repeats={cfg.repeats}, law_positions={cfg.law_positions}")
 
 
-def run_draft_step(cfg: DraftStepBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyPair | None = None,
-                   device: Optional[str] = None) -> dict[str, Any]:
-    """The ``draft_step`` benchmark (module docstring).  ``pair``: (target, draft, tokenizer), else loaded."""
+def run_draft_step(cfg: DraftStepBench, pair: tuple[Any, Any, Any] | None = None,
+                   tiny: TinyPair | None = None) -> dict[str, Any]:
+    """The ``draft_step`` benchmark (module docstring).  ``pair``: (target, draft, tokenizer), else loaded on
+    the CPU (weight panels are a CPU path, also on a machine with a GPU)."""
     from mdv.drafters.model import draft_blocks
 
     check_draft_step(cfg)
     t_start = time.perf_counter()
-    dev = torch_device(device)
-    if dev.type != "cpu":
-        raise InvalidInputError("draft_step times the draft's CPU panels: run it on the CPU (draft_step needs no GPU)")
+    dev = torch.device("cpu")
     pair = pair_for("draft_step", cfg, pair, tiny, dev, "float32")
     if isinstance(pair, dict):  # the pair's files are absent: the skipped record
         return pair
