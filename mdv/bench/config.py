@@ -321,6 +321,19 @@ class BenchConfig:
     tiny: TinyPair = field(default_factory=TinyPair)
 
 
+def check_draft_step(cfg: DraftStepBench) -> None:
+    """One clear error for a ``draft_step`` setting the benchmark cannot run."""
+    from mdv.sweep.config import DRAFT_PANEL_DTYPES
+
+    if not cfg.dtypes or any(d not in DRAFT_PANEL_DTYPES for d in cfg.dtypes) or len(set(cfg.dtypes)) != len(cfg.dtypes):
+        raise InvalidInputError(f"draft_step.dtypes must be distinct entries of {', '.join(DRAFT_PANEL_DTYPES)}; got {list(cfg.dtypes)}")
+    if not cfg.K or any(int(k) < 1 for k in cfg.K):
+        raise InvalidInputError(f"draft_step.K must list integers >= 1; got {list(cfg.K)}")
+    if cfg.L < 1 or cfg.context < 1 or cfg.repeats < 1 or cfg.law_positions < 1:
+        raise InvalidInputError("draft_step.L, context, repeats and law_positions must be >= 1; got"
+                                f" L={cfg.L}, context={cfg.context}, repeats={cfg.repeats}, law_positions={cfg.law_positions}")
+
+
 def validate(cfg: BenchConfig) -> None:
     """Raise :class:`InvalidInputError` / ``UnknownNameError`` (one line) for values the schema's types
     cannot rule out."""
@@ -398,8 +411,6 @@ def validate(cfg: BenchConfig) -> None:
         ok, why = panel_kernel_status()
         if not ok:
             raise InvalidInputError(f"draft_step times the draft on weight panels: {why} (leave draft_step out of benchmarks)")
-    from mdv.bench.draft_step import check_draft_step
-
     check_draft_step(cfg.draft_step)
     pl = cfg.pass_limit
     if not pl.n or any(n < 1 for n in pl.n) or not pl.threads or any(t < 1 for t in pl.threads):

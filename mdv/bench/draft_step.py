@@ -25,28 +25,14 @@ from typing import Any
 
 import torch
 
-from mdv.bench.config import DraftStepBench, TinyPair
+from mdv.bench.config import DraftStepBench, TinyPair, check_draft_step
 from mdv.bench.pairs import pair_for
 from mdv.bench.pass_limit import read_bandwidth
 from mdv.bench.records import bench_record, print_table, range_text
 from mdv.bench.timing import CacheEvictor, ratios_of, rotated, spread, time_call
-from mdv.errors import InvalidInputError
 from mdv.models.lean import LeanModel
 from mdv.models.panels import PanelPacks
 from mdv.models.sampling import SamplingConfig
-from mdv.sweep.config import DRAFT_PANEL_DTYPES
-
-
-def check_draft_step(cfg: DraftStepBench) -> None:
-    """One clear error for a setting the benchmark cannot run."""
-    bad = [d for d in cfg.dtypes if d not in DRAFT_PANEL_DTYPES]
-    if bad or not cfg.dtypes or len(set(cfg.dtypes)) != len(cfg.dtypes):
-        raise InvalidInputError(f"draft_step.dtypes must be distinct entries of {', '.join(DRAFT_PANEL_DTYPES)}; got {list(cfg.dtypes)}")
-    if not cfg.K or any(int(k) < 1 for k in cfg.K):
-        raise InvalidInputError(f"draft_step.K must list integers >= 1; got {list(cfg.K)}")
-    if cfg.L < 1 or cfg.context < 1 or cfg.repeats < 1 or cfg.law_positions < 1:
-        raise InvalidInputError("draft_step.L, context, repeats and law_positions must be >= 1; got"
-                                f" L={cfg.L}, context={cfg.context}, repeats={cfg.repeats}, law_positions={cfg.law_positions}")
 
 
 def run_draft_step(cfg: DraftStepBench, pair: tuple[Any, Any, Any] | None = None,
