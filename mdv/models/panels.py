@@ -111,7 +111,8 @@ def load_kernel_library() -> ctypes.CDLL:
 @functools.lru_cache(maxsize=1)
 def load_panel_kernel() -> dict[torch.dtype, Any]:
     """The compiled kernel's functions by panel weight dtype (``panel_linear`` for float32 panels,
-    ``panel_linear_f16`` for float16 ones, ``panel_linear_i8`` for int8 ones), or one clear :class:`InvalidInputError` saying why they cannot be."""
+    ``panel_linear_f16`` for float16 ones, ``panel_linear_i8`` for int8 ones), or one clear
+    :class:`InvalidInputError` saying why they cannot be."""
     lib = load_kernel_library()
     kernels: dict[torch.dtype, Any] = {}
     for dtype, name in _KERNEL_NAMES.items():
@@ -140,14 +141,12 @@ def pack_panels(weight: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     per entry)."""
     n, k = weight.shape
     pad = -n % PANEL
-    if check_panel_dtype(dtype) is not torch.int8:
-        w = weight.detach().to(dtype)
-        if pad:
-            w = torch.cat([w, w.new_zeros(pad, k)])
-        return w.reshape(-1, PANEL, k).transpose(1, 2).contiguous()  # [N'/16, K, 16]
-    w = weight.detach().to(torch.float32)
+    int8 = check_panel_dtype(dtype) is torch.int8
+    w = weight.detach().to(torch.float32 if int8 else dtype)  # int8: quantised below, from float32
     if pad:
         w = torch.cat([w, w.new_zeros(pad, k)])
+    if not int8:
+        return w.reshape(-1, PANEL, k).transpose(1, 2).contiguous()  # [N'/16, K, 16]
     scale = w.abs().amax(dim=1) / 127.0  # [N'] per output column
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     w8 = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)  # [N', K]
@@ -172,8 +171,8 @@ def panel_linear(x: Tensor, panels: Tensor, bias: Tensor | None, out_features: i
     """``F.linear(x, W, b)`` on the panels of W (module docstring).
 
     x: [..., K] float32 on the CPU; panels: [N'/16, K, 16] float32 or float16, or [N'/16, K + 4, 16] int8
-    (:func:`pack_panels`); bias:
-    [N'] float32 (padded like the panels) or None.  -> [..., out_features] float32."""
+    (:func:`pack_panels`); bias: [N'] float32 (padded like the panels) or None.  -> [..., out_features]
+    float32."""
     kernel = load_panel_kernel()[panels.dtype]
     lead = x.shape[:-1]
     k = x.shape[-1]
