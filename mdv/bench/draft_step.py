@@ -53,6 +53,8 @@ def run_draft_step(cfg: DraftStepBench, pair: tuple[Any, Any, Any] | None = None
     gen = torch.Generator().manual_seed(cfg.seed)
     context = torch.randint(0, draft.vocab_size, (cfg.context + cfg.law_positions,), generator=gen).tolist()
     sampling = SamplingConfig(temperature=cfg.temperature)
+    untempered = SamplingConfig()  # T = 1: the draft's own law, where the roundings are compared
+    ref = cfg.dtypes[0]  # the ratios' denominator
     evict = CacheEvictor()
     bandwidth = read_bandwidth(cfg.bandwidth_megabytes, cfg.repeats)
     bw = spread(bandwidth)["median"]
@@ -64,7 +66,7 @@ def run_draft_step(cfg: DraftStepBench, pair: tuple[Any, Any, Any] | None = None
                 s = lean.new_session()
                 s.prefill(context[:cfg.context])
                 tail = torch.tensor([context[cfg.context:]])  # [1, law_positions]
-                laws[d] = torch.softmax(s.extend(tail)[0].double(), -1)  # [law_positions, V]
+                laws[d] = untempered.probs(s.extend(tail)[0])  # [law_positions, V] float64
         base = laws.get("float32")
         rows: list[dict[str, Any]] = []
         for K in cfg.K:
@@ -94,7 +96,6 @@ def run_draft_step(cfg: DraftStepBench, pair: tuple[Any, Any, Any] | None = None
                     evict()
                     ms[d].append(1e3 * time_call(lambda d=d: block(d)))
                     reset(d)
-            ref = cfg.dtypes[0]
             for d, p in packs.items():
                 limit_ms = 1e3 * cfg.L * p.pack_bytes / (bw * 1e9)
                 row = {"dtype": d, "K": int(K), "L": cfg.L, "ms": spread(ms[d]), "pack_bytes": p.pack_bytes,
@@ -107,7 +108,6 @@ def run_draft_step(cfg: DraftStepBench, pair: tuple[Any, Any, Any] | None = None
     finally:
         for p in packs.values():
             p.free()
-    ref = cfg.dtypes[0]
     print_table(f"draft step: {cfg.L} cached draft steps for K rows (draft_blocks) after {cfg.context} tokens, each"
                 f" call after a cache eviction, dtypes interleaved; read bandwidth {range_text(spread(bandwidth))} GB/s;"
                 f" limit = L x panel bytes / bandwidth ({draft.name})",

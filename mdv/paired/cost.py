@@ -559,7 +559,8 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     tokens in one row, as after the prefill.
 
     Cost: (1 + repeats) × (#node counts + L_max + 2 + 2·K_max + K_max·L_max + #verify cells) timed calls,
-    each after a cache eviction on CPUs (~3-8 ms).  Measured on a shared 2-core Xeon CPU: the tiny random
+    each after a cache eviction on CPUs (~3-8 ms).  Measured before the evictions (add ~3-8 ms a call) and the
+    drafter's ``propose`` probes were added, on a shared 2-core Xeon CPU: the tiny random
     pair (K_max = L_max = 2, sd + spectr, repeats = 2) ~0.4 s; the default pair (SmolLM2-135M target + its
     3-layer draft, float32), K_max = 4, L_max = 8, all six methods (120 verify cells), 128 context tokens,
     repeats = 5: 10.8 s with 1 torch thread at load
