@@ -597,6 +597,14 @@ CLI_CASES: dict[str, CliCase] = {
                                                r"e2e.panels / pass_limit.panels: the panel kernel (needs an x86-64 CPU"
                                                r" with AVX2|is compiled on first use, but no C compiler was found).*"
                                                r" \(set them to false\)$", env={"CC": "mdv-no-such-compiler"}),
+    "bench/lean_compare-without-panels": CliCase("bench", {"benchmarks": "[pass_limit]", "pass_limit.pair": "tiny_random",
+                                                           "pass_limit.lean": "true", "pass_limit.lean_compare": "[avx2_kernel]"},
+                                                 r"pass_limit.lean_compare times variants of the lean pass on panels: it"
+                                                 r" needs pass_limit.panels=true and pass_limit.lean=true \(got panels=False,"
+                                                 r" lean=True\)$"),
+    "bench/lean_compare-unknown": CliCase("bench", {"benchmarks": "[pass_limit]", "pass_limit.lean_compare": "[avx3]"},
+                                          r"pass_limit.lean_compare must be distinct entries of avx2_kernel, small_pages;"
+                                          r" got \['avx3'\]$"),
     # python -m experiments.train_draft (checked before the target loads and hours of generation start)
     "train_draft/unknown-distill-head": CliCase("train_draft", {"distill.head": "rows"},
                                                 r"distill.head must be one of subset, full; got 'rows'$"),

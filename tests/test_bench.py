@@ -408,6 +408,34 @@ def test_e2e_panel_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypa
     assert "| sd panels |" in text and "| ar panels |" in text, text
 
 
+@pytest.mark.skipif(not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler")
+def test_pass_limit_benchmark_times_lean_variants_beside_the_lean_pass(tiny_pair, tmp_path) -> None:
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_pass_limit
+    from mdv.models.panels import panel_isa
+
+    compare = ["avx2_kernel", "small_pages"]
+    cfg = bench.PassLimitBench(pair=PairKind.tiny_random, n=[1, 9, 17], threads=[1], context=5, repeats=3,
+                               bandwidth_megabytes=8, gemm_size=64, panels=True, lean=True, lean_compare=compare)
+    rec = _check_record(bench.run_pass_limit(cfg, target=tiny_pair[0]), "pass_limit", tmp_path)
+    res = rec["results"]
+    assert res["panel_isa"] == panel_isa()  # the default kernel the panels and lean columns ran
+    for r in res["per_threads"][0]["passes"]:
+        for c in compare:
+            _check_spread(r[f"lean_{c}_ms"], 3)
+            _check_spread(r[f"lean_vs_lean_{c}"], 3)
+            assert r[f"lean_{c}_vs_limit"]["median"] == pytest.approx(r[f"lean_{c}_ms"]["median"] / r["limit_ms"])
+            assert r[f"lean_{c}_abs_prob_diff"] == r["lean_abs_prob_diff"]  # the same bits, only faster or slower
+    assert panel_isa() == res["panel_isa"]  # the forced AVX2 kernel was only for its own column
+    goals = {g["goal"]: g for g in rec["goals"]}
+    for c in compare:
+        assert goals[f"lean_{c} pass p equal to the plain pass (max abs difference)"]["met"]
+        assert not any(g.startswith(f"1 thread(s), n=1: lean_{c}") for g in goals)  # a comparison, not a goal
+    text = "\n".join(section_pass_limit(load_record(tmp_path / "bench_pass_limit.json")))
+    assert "lean ÷ lean avx2_kernel" in text and "lean ÷ lean small_pages" in text, text
+    assert f"Panel kernel: {res['panel_isa']}." in text and "its panels on 4 KiB pages" in text, text
+
+
 @pytest.mark.parametrize("panels", [False, pytest.param(True, marks=pytest.mark.skipif(
     not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler"))])
 def test_pass_limit_benchmark_lean_side_by_side(tiny_pair, tmp_path, panels: bool) -> None:

@@ -56,7 +56,7 @@ def test_pack_panels_layout_and_zero_padding() -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 12, 13, 40])
-@pytest.mark.parametrize("n_out,k_in,bias", [(16, 48, False), (40, 7, True), (96, 48, True), (80, 1, False)])
+@pytest.mark.parametrize("n_out,k_in,bias", [(16, 48, False), (40, 7, True), (96, 48, True), (80, 1, False), (48, 150, True)])
 def test_panel_linear_equals_f_linear_and_a_float64_product(rows: int, n_out: int, k_in: int, bias: bool) -> None:
     gen = torch.Generator().manual_seed(rows * 1000 + n_out + k_in)
     w = torch.randn(n_out, k_in, generator=gen)
@@ -99,6 +99,66 @@ def test_one_and_two_threads_give_the_same_bits() -> None:
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
+
+
+def _cpu_has_avx512f() -> bool:
+    try:
+        return "avx512f" in open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+def test_the_avx512_and_avx2_kernels_give_the_same_bits(dtype: torch.dtype) -> None:
+    # every row count from 0 to 40 (one block, several blocks in k-chunks, the split tail rows), K below, at and
+    # across the 64-line chunks, with and without bias, at 1 and 2 threads: the AVX-512 kernel keeps every row's
+    # summation order, so the products are equal to the bit (kernels/panel_linear.c)
+    if not _cpu_has_avx512f():
+        with pytest.raises(InvalidInputError, match="AVX-512F"):
+            panels.panel_isa("avx512")
+        assert panels.panel_isa() == "avx2"
+        return
+    assert panels.panel_isa() == "avx512"  # the default where the CPU has it
+    gen = torch.Generator().manual_seed(11)
+    before = torch.get_num_threads()
+    try:
+        for k_in in (1, 7, 64, 150):
+            w = torch.randn(48, k_in, generator=gen)  # 3 panels: the next-panel prefetch runs
+            pan = pack_panels(w, dtype)
+            _, pb = _panels_and_bias(w, torch.randn(48, generator=gen))
+            x = torch.randn(40, k_in, generator=gen)
+            for rows in range(41):
+                for bias in (None, pb):
+                    for threads in (1, 2):
+                        torch.set_num_threads(threads)
+                        with panels.forced_panel_isa("avx2") as isa:
+                            assert isa == "avx2"
+                            ref = panel_linear(x[:rows], pan, bias, 48)
+                        got = panel_linear(x[:rows], pan, bias, 48)
+                        assert torch.equal(got, ref), (k_in, rows, bias is not None, threads)
+    finally:
+        torch.set_num_threads(before)
+    assert panels.panel_isa() == "avx512"  # the context restored the setting
+
+
+def test_panel_isa_refuses_an_unknown_name() -> None:
+    with pytest.raises(InvalidInputError, match="panel_isa must be one of auto, avx2, avx512; got 'sse'"):
+        panels.panel_isa("sse")
+
+
+def test_panel_packs_hold_every_panel_in_one_arena(tiny_pair) -> None:
+    # one mapping for the whole pack (mdv.models.hugepages), every panel on a 64-byte line, values unchanged
+    target = tiny_pair[0].model
+    packs = PanelPacks(target)
+    try:
+        held = [pan for _, (pan, _, _, _) in packs._packs]
+        assert len({pan.untyped_storage().data_ptr() for pan in held}) == 1
+        assert all(pan.data_ptr() % 64 == 0 for pan in held)
+        for m, (pan, _, _, attr) in packs._packs:
+            weight = getattr(m, attr)
+            assert torch.equal(pan, pack_panels(weight)), type(m).__name__
+    finally:
+        packs.free()
 
 
 def test_panel_target_pass_equals_the_plain_pass(tiny_pair, kernel_calls: list[int]) -> None:

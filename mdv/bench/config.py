@@ -154,6 +154,10 @@ class OracleBench:
     seed: int = 0
 
 
+#: pass_limit.lean_compare's entries and what each changes in the lean pass on panels (PassLimitBench)
+LEAN_COMPARISONS = {"avx2_kernel": "the AVX2 panel kernel", "small_pages": "its panels on 4 KiB pages"}
+
+
 @dataclass
 class PassLimitBench:
     """``pass_limit``: the target's cached pass over n new tokens against max(weight bytes / read bandwidth,
@@ -176,6 +180,11 @@ class PassLimitBench:
     panels: bool = False
     #: also time every n on mdv's lean decoder forward (mdv.models.lean), on the panels when panels is true
     lean: bool = False
+    #: also time the lean pass with one thing changed, interleaved with it, for each entry (needs panels and lean):
+    #: "avx2_kernel" (the AVX2 panel kernel instead of the default, AVX-512 where the CPU has it;
+    #: mdv.models.panels.panel_isa) or "small_pages" (a second pack of the panels on 4 KiB pages instead of huge
+    #: pages; mdv.models.hugepages): each gives the ratio lean / lean with that change in the same run
+    lean_compare: list[str] = field(default_factory=list)
     seed: int = 0
     #: goals: every pass within goal_ratio x its limit; the cached pass's p equal to a full pass within goal_prob_diff
     goal_ratio: float = 1.5
@@ -415,6 +424,13 @@ def validate(cfg: BenchConfig) -> None:
                                 f" n={list(pl.n)}, threads={list(pl.threads)}")
     if pl.repeats < 1 or pl.bandwidth_megabytes < 1 or pl.gemm_size < 1:
         raise InvalidInputError("pass_limit.repeats, bandwidth_megabytes and gemm_size must be >= 1")
+    compare = list(pl.lean_compare)
+    if any(c not in LEAN_COMPARISONS for c in compare) or len(set(compare)) != len(compare):
+        raise InvalidInputError(f"pass_limit.lean_compare must be distinct entries of {', '.join(LEAN_COMPARISONS)};"
+                                f" got {compare}")
+    if compare and not (pl.panels and pl.lean):
+        raise InvalidInputError("pass_limit.lean_compare times variants of the lean pass on panels: it needs"
+                                f" pass_limit.panels=true and pass_limit.lean=true (got panels={pl.panels}, lean={pl.lean})")
     hc = cfg.hf_compare
     for name in hc.contenders:
         if name not in HF_COMPARE_CONTENDERS:

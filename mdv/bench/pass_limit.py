@@ -21,10 +21,15 @@ With ``panels: true`` the same for the linears on 16-column weight panels (:mod:
 pack for every n, as many bytes as the weights), and both float32 full passes are compared with a float64
 one, which shows how far float32 rounding alone moves p.  With ``lean: true`` the same for the pass on
 mdv's lean decoder forward (:mod:`mdv.models.lean`: no transformers modules per layer, a preallocated cache),
-its linears on the panels when ``panels`` is true, else plain.
+its linears on the panels when ``panels`` is true, else plain.  ``lean_compare`` (panels and lean) times the
+lean pass with one thing changed as well, interleaved with it, so each ratio comes from one run:
+``avx2_kernel`` forces the AVX2 panel kernel (the default is AVX-512 where the CPU has it;
+:func:`mdv.models.panels.panel_isa`), ``small_pages`` runs a second pack of the panels on 4 KiB pages
+(:mod:`mdv.models.hugepages`; its own lean session, so neither variant rebuilds the C layers' plan).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from contextlib import nullcontext
@@ -33,13 +38,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mdv.bench.config import PassLimitBench, TinyPair
+from mdv.bench.config import LEAN_COMPARISONS, PassLimitBench, TinyPair
 from mdv.bench.pairs import target_for, torch_device
 from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, spread, sync_for, time_call
+from mdv.models.hugepages import huge_page_empty
 from mdv.models.lean import LeanModel
 from mdv.models.packed import LinearPacks, rung_for
-from mdv.models.panels import PanelPacks
+from mdv.models.panels import PanelPacks, forced_panel_isa, panel_isa
 
 
 def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -52,9 +58,11 @@ def linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def read_bandwidth(megabytes: int, repeats: int) -> list[float]:
-    """Memory read bandwidth in GB/s, one figure per repeat: ``sum`` over a ``megabytes`` float32 buffer."""
-    x = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
-    x.sum()  # touch every page first
+    """Memory read bandwidth in GB/s, one figure per repeat: ``sum`` over a ``megabytes`` float32 buffer on
+    transparent huge pages, as the panels are (:mod:`mdv.models.hugepages`; on 4 KiB pages the same sum reads
+    ~25% slower on this project's CI machine, so the limit would be looser)."""
+    x = huge_page_empty((megabytes * (1 << 20) // 4,), torch.float32)
+    x.fill_(1.0)  # touch every page first
     return [x.numel() * 4 / time_call(x.sum) / 1e9 for _ in range(repeats)]
 
 
@@ -65,6 +73,22 @@ def gemm_rate(size: int, repeats: int) -> list[float]:
     b = torch.randn(size, size, generator=gen)
     a @ b  # warm-up: thread pool, packing buffers
     return [2 * size ** 3 / time_call(lambda: a @ b) / 1e9 for _ in range(repeats)]
+
+
+class _Both:
+    """``with`` a reusable context (the panels, entered every repeat) and a fresh one from ``make`` inside it."""
+
+    def __init__(self, ctx: Any, make: Callable[[], Any]) -> None:
+        self.ctx, self.make = ctx, make
+
+    def __enter__(self) -> "_Both":
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(self.ctx)
+        self._stack.enter_context(self.make())
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._stack.__exit__(*exc)
 
 
 def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | None = None,
@@ -85,6 +109,8 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
     threads_before = torch.get_num_threads()
     per_threads: list[dict[str, Any]] = []
     panels = PanelPacks(target.model) if cfg.panels else None  # one pack serves every n and thread count
+    compare = list(cfg.lean_compare)
+    small_pages = PanelPacks(target.model, huge_pages=False) if "small_pages" in compare else None
     lean_target = LeanModel.of(target) if cfg.lean else None  # checks the model can run lean, before timing
     try:
         for t in cfg.threads:
@@ -95,11 +121,15 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
             rows = []
             s = target.new_session()
             lean_s = lean_target.new_session() if lean_target is not None else None
+            small_s = lean_target.new_session() if small_pages is not None else None
             with torch.inference_mode():
                 s.prefill(tokens[:cfg.context])
                 if lean_s is not None:
                     with panels if panels is not None else nullcontext():
                         lean_s.prefill(tokens[:cfg.context])
+                if small_s is not None:
+                    with small_pages:
+                        small_s.prefill(tokens[:cfg.context])
                 for n in cfg.n:
                     new = torch.tensor([tokens[cfg.context:cfg.context + n]], device=dev)  # [1, n]
 
@@ -118,6 +148,11 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                     if lean_s is not None:
                         variants["lean"] = (panels if panels is not None else nullcontext(),
                                             partial(one_pass, new, lean_s))
+                    if "avx2_kernel" in compare:  # the same lean pass on the AVX2 panel kernel
+                        variants["lean_avx2_kernel"] = (_Both(panels, partial(forced_panel_isa, "avx2")),
+                                                        partial(one_pass, new, lean_s))
+                    if small_s is not None:  # the same lean pass on panels on 4 KiB pages
+                        variants["lean_small_pages"] = (small_pages, partial(one_pass, new, small_s))
                     for _ in range(cfg.warmup):
                         one_pass()
                         for ctx, fn in variants.values():
@@ -144,6 +179,8 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                                     f"{v}_vs_limit": spread([m / limit_ms for m in variant_ms[v]]),
                                     f"{v}_vs_plain": spread(ratios_of(variant_ms[v], ms)),
                                     f"{v}_abs_prob_diff": float((got_p - plain_p).abs().max())})
+                    for c in compare:  # lean / lean with that one change, call by call
+                        row[f"lean_vs_lean_{c}"] = spread(ratios_of(variant_ms["lean"], variant_ms[f"lean_{c}"]))
                     if "packed" in variants:
                         packs = variants["packed"][0]
                         row.update({"pack_rows": packs.sizes[0], "pack_bytes": packs.pack_bytes,
@@ -165,6 +202,8 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
             with panels:
                 full_panels = torch.softmax(target.forward(ids)[0, cfg.context:].double(), -1)
             panels.free()
+            if small_pages is not None:
+                small_pages.free()
             model64 = copy.deepcopy(target.model).double()
             full64 = torch.softmax(model64(ids.to(dev)).logits[0, cfg.context:].double(), -1)
             del model64
@@ -175,6 +214,7 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
         res["max_abs_prob_diff_plain_vs_float64"] = float((full - full64).abs().max())
         res["max_abs_prob_diff_panels_vs_float64"] = float((full_panels - full64).abs().max())
         res["panel_pack_bytes"], res["panel_pack_seconds"] = panels.pack_bytes, panels.pack_seconds
+        res["panel_isa"] = panel_isa()  # the kernel the panels and lean columns ran (lean_avx2_kernel: forced AVX2)
     packed, paneled, lean = bool(cfg.packed), panels is not None, lean_target is not None
     for entry in per_threads:
         print_table(f"target pass vs its limit, {entry['threads']} thread(s): read bandwidth"
@@ -184,11 +224,14 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                     + ("; packed = linears on MKL packs for the pack rows (n padded up to them)" if packed else "")
                     + ("; panels = linears on 16-column weight panels (mdv.models.panels)" if paneled else "")
                     + (f"; lean = mdv's lean decoder forward (mdv.models.lean), linears {'on panels' if paneled else 'plain'}"
-                       if lean else ""),
+                       if lean else "")
+                    + (f"; panel kernel {res['panel_isa']}, panels on huge pages" if paneled else "")
+                    + "".join(f"; lean {c} = the lean pass with {LEAN_COMPARISONS[c]}" for c in compare),
                     ["n new tokens", "ms", "limit ms", "bound", "x limit"]
                     + (["pack rows", "packed ms", "packed x limit", "packed / plain", "pack MB"] if packed else [])
                     + (["panels ms", "panels x limit", "panels / plain"] if paneled else [])
-                    + (["lean ms", "lean x limit", "lean / plain"] if lean else []),
+                    + (["lean ms", "lean x limit", "lean / plain"] if lean else [])
+                    + [h for c in compare for h in (f"lean {c} ms", f"lean {c} x limit", f"lean / lean {c}")],
                     [[r["n"], range_text(r["ms"]), f"{r['limit_ms']:.3g}", r["bound"], range_text(r["vs_limit"])]
                      + ([r["pack_rows"], range_text(r["packed_ms"]), range_text(r["packed_vs_limit"]), range_text(r["packed_vs_plain"]),
                          f"{r['pack_bytes'] / 1e6:.0f}"] if packed else [])
@@ -196,6 +239,8 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                         if paneled else [])
                      + ([range_text(r["lean_ms"]), range_text(r["lean_vs_limit"]), range_text(r["lean_vs_plain"])]
                         if lean else [])
+                     + [range_text(r[key]) for c in compare
+                        for key in (f"lean_{c}_ms", f"lean_{c}_vs_limit", f"lean_vs_lean_{c}")]
                      for r in entry["passes"]])
     print(f"  cached pass vs a fresh full pass: max |p diff| = {prob_diff:.3g}", flush=True)
     if paneled:
@@ -205,9 +250,10 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
     goals = [goal_record(f"{e['threads']} thread(s), n={r['n']}: pass <= {cfg.goal_ratio:g}x its limit",
                          r["vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
     goals.append(goal_record("cached pass p equal to a fresh full pass (max abs difference)", prob_diff, cfg.goal_prob_diff))
-    for v in (["packed"] if packed else []) + (["panels"] if paneled else []) + (["lean"] if lean else []):
-        goals += [goal_record(f"{e['threads']} thread(s), n={r['n']}: {v} pass <= {cfg.goal_ratio:g}x its limit",
-                              r[f"{v}_vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
+    for v in (["packed"] if packed else []) + (["panels"] if paneled else []) + (["lean"] if lean else []) + [f"lean_{c}" for c in compare]:
+        if v.removeprefix("lean_") not in compare:  # a comparison: its p is checked, its speed is a column, not a goal
+            goals += [goal_record(f"{e['threads']} thread(s), n={r['n']}: {v} pass <= {cfg.goal_ratio:g}x its limit",
+                                  r[f"{v}_vs_limit"]["median"], cfg.goal_ratio) for e in per_threads for r in e["passes"]]
         res[f"max_abs_prob_diff_{v}_vs_plain"] = max(r[f"{v}_abs_prob_diff"] for e in per_threads for r in e["passes"])
         goals.append(goal_record(f"{v} pass p equal to the plain pass (max abs difference)",
                                  res[f"max_abs_prob_diff_{v}_vs_plain"], cfg.goal_prob_diff))

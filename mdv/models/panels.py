@@ -14,6 +14,10 @@ ACM TOMS 2008).  For M <= 6 each panel crosses memory once, so a pass costs abou
 the bandwidth whatever M; one pack serves every M (unlike MKL's packs, one per M, ~5x the weights each)
 and holds as many bytes as the weights.  The rows are independent, so y equals ``F.linear`` up to float32
 rounding (sums over k in order; on random weights its error against a float64 product is below MKL's).
+On a CPU with AVX-512F the same library runs an AVX-512 kernel (a block of up to 16 rows in registers, so
+a panel crosses memory once for n <= 16; same bits as the AVX2 kernel, :func:`panel_isa` chooses).
+:class:`PanelPacks` keeps all its panels in one arena on transparent huge pages
+(:mod:`mdv.models.hugepages`: no TLB miss every 4 KiB of the stream).
 
 The kernel is compiled on first use with ``gcc`` (``$CC``) into ``$MDV_CACHE/kernels`` (one file per
 source and flags; written to a temporary name and renamed, so concurrent processes never see half a
@@ -33,13 +37,14 @@ stale results.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import time
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +52,7 @@ from torch import Tensor
 
 from mdv._cbuild import CompileError, build_library, c_compiler
 from mdv.errors import InvalidInputError
+from mdv.models.hugepages import HugePageArena
 from mdv.models.packed import LinearForwards, check_float32_cpu, float32_cpu_linears
 
 PANEL = 16  # output columns per panel: two AVX2 registers of float32
@@ -123,11 +129,59 @@ def load_panel_kernel() -> dict[torch.dtype, Any]:
     return kernels
 
 
+#: the panel kernel's instruction sets (kernels/panel_linear.c's PANEL_ISA_*): "auto" runs the AVX-512 kernel
+#: where the CPU has AVX-512F and the AVX2 one elsewhere; the two give the same bits (tests/test_panel_linears.py)
+PANEL_ISAS = ("auto", "avx2", "avx512")
+
+
+_isa_request = ["auto"]  # the last request panel_isa passed to the library (this process's setting)
+
+
+def panel_isa(request: str | None = None) -> str:
+    """The kernel the panel products run now, "avx2" or "avx512"; with ``request`` (one of :data:`PANEL_ISAS`)
+    it is set first, for every later product in this process (benchmarks time the two side by side, tests
+    compare their bits).  One clear error for an unknown name, or for "avx512" on a CPU without AVX-512F."""
+    fn = load_kernel_library().panel_isa
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    if request is not None and request not in PANEL_ISAS:
+        raise InvalidInputError(f"panel_isa must be one of {', '.join(PANEL_ISAS)}; got {request!r}")
+    got = fn(-1 if request is None else PANEL_ISAS.index(request))
+    if got < 0:
+        raise InvalidInputError("panel_isa='avx512' needs a CPU with AVX-512F, which this machine lacks;"
+                                " use 'auto' or 'avx2'")
+    if request is not None:
+        _isa_request[0] = request
+    return PANEL_ISAS[got]
+
+
+@contextlib.contextmanager
+def forced_panel_isa(request: str) -> Iterator[str]:
+    """``with forced_panel_isa("avx2") as isa:`` runs the products on that kernel, then restores the
+    setting before."""
+    before = _isa_request[0]
+    try:
+        yield panel_isa(request)
+    finally:
+        panel_isa(before)
+
+
 def check_panel_dtype(dtype: Any) -> torch.dtype:
     """``dtype`` when panels can hold it (:data:`PANEL_DTYPES`), else one clear error."""
     if dtype not in PANEL_DTYPES:
         raise InvalidInputError(f"panels hold float32, float16 or int8 weights; got dtype={dtype!r}")
     return dtype
+
+
+def packed_shape(out_features: int, in_features: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """The shape :func:`pack_panels` gives a weight [out_features, in_features] in ``dtype``."""
+    extra = INT8_SCALE_LINES if check_panel_dtype(dtype) is torch.int8 else 0
+    return -(-out_features // PANEL), in_features + extra, PANEL
+
+
+def packed_nbytes(weight: Tensor, dtype: torch.dtype) -> int:
+    """The bytes :func:`pack_panels` gives ``weight`` in ``dtype``."""
+    p, k, c = packed_shape(*weight.shape, dtype)
+    return p * k * c * torch.empty((), dtype=dtype).element_size()
 
 
 def pack_panels(weight: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -270,7 +324,9 @@ class PanelPacks(LinearForwards):
     ``dtype``: the panels' weight dtype, float32 (default: the model's own products), float16 (half the
     bytes per pass; exact for float16-valued weights, rounded otherwise) or int8 (a quarter of the bytes, one
     scale per output column, :func:`pack_panels`).  The last two are for a draft, whose proposal law is
-    whatever it computes, not for a target, whose law must stay its own.
+    whatever it computes, not for a target, whose law must stay its own.  ``huge_pages``: the panels' one
+    arena on transparent huge pages (default; :mod:`mdv.models.hugepages`) or on ordinary pages (the
+    ``pass_limit`` benchmark's comparison).
 
     Sibling linears that read one input (:data:`SIBLING_GROUPS`: q, k, v; gate, up) are packed as one stream
     whose slices are the members' panels (no extra memory); :func:`sibling_product` runs a group in one call.
@@ -280,7 +336,7 @@ class PanelPacks(LinearForwards):
 
     _attrs = ("_mdv_panels", "_mdv_panel_bias", "_mdv_panel_version", "_mdv_panel_weight")
 
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.float32):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.float32, huge_pages: bool = True):
         super().__init__()
         self.dtype = check_panel_dtype(dtype)
         float32_cpu_linears(model)  # at least one nn.Linear (no MKL needed: the kernel is mdv's own)
@@ -293,10 +349,18 @@ class PanelPacks(LinearForwards):
         #: parent module -> {names: (fused panels, fused bias or None, member layers, member widths padded to
         #: whole panels, member widths)}
         self._siblings: dict[torch.nn.Module, dict[tuple[str, ...], Any]] = {}
+        groups = list(_sibling_groups(model))
+        in_groups = {id(m.weight) for _, _, group in groups for m in group}
+        singles = {id(getattr(m, a)): getattr(m, a) for m, a in layers if id(getattr(m, a)) not in in_groups}
+        # every panel in one huge-page arena (mdv.models.hugepages: the pass streams them all)
+        arena = HugePageArena(huge_pages=huge_pages, nbytes=HugePageArena.bytes_for(
+            [sum(packed_nbytes(m.weight, self.dtype) for m in group) for _, _, group in groups]
+            + [packed_nbytes(w, self.dtype) for w in singles.values()]))
         with torch.no_grad():
-            for parent, names, group in _sibling_groups(model):  # one stream per group; members get slices
+            for parent, names, group in groups:  # one stream per group; members get slices
                 own = [pack_panels(m.weight, self.dtype) for m in group]
-                fused = torch.cat(own)  # [sum of members' panels, K, 16]
+                fused = arena.take((sum(p.shape[0] for p in own), *own[0].shape[1:]), self.dtype)
+                torch.cat(own, out=fused)  # [sum of members' panels, K, 16]
                 fused_bias = None
                 if group[0].bias is not None:  # each member's bias padded like its panels
                     fused_bias = torch.zeros(fused.shape[0] * PANEL)
@@ -314,7 +378,9 @@ class PanelPacks(LinearForwards):
                 weight = getattr(m, attr)
                 panels = by_weight.get(id(weight))
                 if panels is None:
-                    panels = by_weight[id(weight)] = pack_panels(weight, self.dtype)
+                    packed = pack_panels(weight, self.dtype)
+                    panels = by_weight[id(weight)] = arena.take(packed.shape, self.dtype)
+                    panels.copy_(packed)
                 bias = member_bias.get(id(m))
                 if bias is None and attr == "weight" and m.bias is not None:
                     bias = torch.zeros(panels.shape[0] * PANEL)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from mdv.bench.config import LEAN_COMPARISONS
 from mdv.bench.report.format import fmt, md_table, _method_rank, pct, rng
 from mdv.bench.report.load import Record, SPLIT_KEYS
 from mdv.drafters.base import method_label
@@ -297,22 +298,29 @@ def section_pass_limit(rec: Record) -> list[str]:
                 " on panels." if "max_abs_prob_diff_panels_vs_plain" in res else "")
              + (" Lean: mdv's lean decoder forward (mdv.models.lean; on the panels when they are timed); p vs the plain"
                 f" pass: max |p diff| = {fmt(res['max_abs_prob_diff_lean_vs_plain'])}."
-                if "max_abs_prob_diff_lean_vs_plain" in res else ""), ""]
+                if "max_abs_prob_diff_lean_vs_plain" in res else "")
+             + (f" Panel kernel: {res['panel_isa']}." if "panel_isa" in res else "")
+             + "".join(f" Lean {c}: the same lean pass with {LEAN_COMPARISONS[c]}, interleaved; p vs the plain pass:"
+                       f" max |p diff| = {fmt(res[f'max_abs_prob_diff_lean_{c}_vs_plain'])}."
+                       for c in LEAN_COMPARISONS if f"max_abs_prob_diff_lean_{c}_vs_plain" in res), ""]
     for e in res["per_threads"]:
         lines += [f"### {e['threads']} thread(s): read bandwidth {rng(e['read_GBps'])} GB/s, GEMM peak"
                   f" {rng(e['gemm_GFLOPs'])} GFLOP/s", ""]
         packed = any("packed_ms" in r for r in e["passes"])
         paneled = any("panels_ms" in r for r in e["passes"])
         lean = any("lean_ms" in r for r in e["passes"])
+        compare = [c for c in LEAN_COMPARISONS if any(f"lean_{c}_ms" in r for r in e["passes"])]
         lines += md_table(["n new tokens", "ms", "limit ms", "bound", "× limit"]
                           + (["pack rows", "packed ms", "packed × limit", "packed ÷ plain"] if packed else [])
                           + (["panels ms", "panels × limit", "panels ÷ plain"] if paneled else [])
-                          + (["lean ms", "lean × limit", "lean ÷ plain"] if lean else []),
+                          + (["lean ms", "lean × limit", "lean ÷ plain"] if lean else [])
+                          + [h for c in compare for h in (f"lean {c} ms", f"lean {c} × limit", f"lean ÷ lean {c}")],
                           [[r["n"], rng(r["ms"]), fmt(r["limit_ms"]), r.get("bound", "-"), rng(r["vs_limit"])]
                            + ([r.get("pack_rows", r["n"]), rng(r["packed_ms"]), rng(r["packed_vs_limit"]), rng(r["packed_vs_plain"])]
                               if packed else [])
                            + ([rng(r["panels_ms"]), rng(r["panels_vs_limit"]), rng(r["panels_vs_plain"])] if paneled else [])
                            + ([rng(r["lean_ms"]), rng(r["lean_vs_limit"]), rng(r["lean_vs_plain"])] if lean else [])
+                           + [rng(r[k]) for c in compare for k in (f"lean_{c}_ms", f"lean_{c}_vs_limit", f"lean_vs_lean_{c}")]
                            for r in e["passes"]])
         lines.append("")
     return lines[:-1]

@@ -14,7 +14,10 @@
  * scales.  Then y[m, n] = s[n] * sum_k x[m, k] P8[p, k, c] (+ b[n]): the same sums as a float32 panel of
  * the int8 values, times the scale (a quarter of the float32 bytes to stream).
  *
- * Built by mdv.models.panels with gcc -O3 -mavx2 -mfma -mf16c -fopenmp; called through ctypes. */
+ * On a CPU with AVX-512F an AVX-512 kernel (below) runs instead, with the same bits; panel_isa chooses.
+ *
+ * Built by mdv.models.panels with gcc -O3 -mavx2 -mfma -mf16c -fopenmp (the AVX-512 functions carry their own
+ * target attribute, so one build runs on both kinds of CPU); called through ctypes. */
 #include <stddef.h>
 #include <immintrin.h>
 
@@ -110,12 +113,180 @@ KERNEL(4, unsigned short, LOAD_W16, EXTRA_W16, _f16) KERNEL(5, unsigned short, L
 KERNEL(1, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(2, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(3, signed char, LOAD_W8, EXTRA_W8, _i8)
 KERNEL(4, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(5, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(6, signed char, LOAD_W8, EXTRA_W8, _i8)
 
+/* ---- AVX-512: one zmm holds a panel's 16 columns, so a block of up to MAX512 rows keeps its whole [rows x 16]
+ * block of y in registers (32 zmm) and reads each panel once per block instead of once per 6 rows, with half the
+ * FMA instructions of the AVX2 kernel.  Chosen at run time on CPUs with AVX-512F (panel_isa); the library is
+ * still compiled for AVX2 only, so one build runs on both.
+ *
+ * Same bits as the AVX2 kernel: each lane of a zmm FMA is the same rounded operation as in a ymm one, and every
+ * row keeps the AVX2 kernel's summation order, i.e. a row is split into even/odd-k chains exactly when the AVX2
+ * kernel puts it in a block of <= SPLIT_ROWS rows (the last M % 6 rows when M % 6 <= SPLIT_ROWS; all rows when
+ * M <= SPLIT_ROWS).  The other rows run in blocks of 3..MAX512 rows, one chain each (>= 3 chains per block;
+ * from 8 rows on enough to cover the FMA latency).
+ *
+ * Measured on an AVX-512 Xeon (this project's CI machine) at 1 thread, in the lean pass of the default target
+ * (pass_limit lean_compare=[avx2_kernel], interleaved): the pass takes 0.87x the AVX2 kernel's time at 9 rows,
+ * 0.76x at 17, 0.79x at 33, the same at 1-5 rows (there the stream is the limit).  With one block the next
+ * panel is prefetched as in the AVX2 kernel; with several (> 16 rows) the blocks take the panel 64 lines at a
+ * time (CHUNK512) and leave the stream to the hardware: on the [49152 x 576] head on huge pages, 17 rows
+ * 13.7 -> 11.5 ms against block after block, and 11.5 -> 10.7 ms without the next-panel prefetch. */
+#define MAX512 16
+#define CHUNK512 64
+#define TARGET512 __attribute__((target("avx512f")))
+#define LOAD512_W32(ptr) _mm512_loadu_ps(ptr)
+#define LOAD512_W16(ptr) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(ptr)))
+#define LOAD512_W8(ptr) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(ptr))))
+
+/* The end of a 512 block: int8 scales, bias, store (the AVX2 kernel's order: a * s, then + b). */
+#define FINISH512(MB, WT, EXTRA)                                                                            \
+    if (EXTRA) {                                                                                           \
+        __m512 s = _mm512_loadu_ps((const float*)(const void*)(panel + 16 * (size_t)K));                   \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) a[j] = _mm512_mul_ps(a[j], s);               \
+    }                                                                                                      \
+    if (b) {                                                                                               \
+        __m512 bb = _mm512_loadu_ps(b + n0);                                                               \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) a[j] = _mm512_add_ps(a[j], bb);              \
+    }                                                                                                      \
+    _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + n0, a[j]);
+
+/* MB rows, one chain per row (the AVX2 kernel's rows in blocks of 3-6), over the panel's lines k0..k1-1: the
+ * row sums start at 0 (k0 = 0) or at the partial sums left in y, and are finished (k1 = K) or left in y. */
+#define KERNEL512(MB, WT, LOAD, EXTRA, SUFFIX)                                                              \
+TARGET512 static void k512_##MB##SUFFIX(const float* restrict x, const WT* restrict panel, const float* restrict b, \
+                                      float* restrict y, int N, int K, int n0, int m0, const WT* next,     \
+                                      int k0, int k1) {                                                    \
+    __m512 a[MB];                                                                                          \
+    if (k0 == 0) { _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) a[j] = _mm512_setzero_ps(); }     \
+    else { _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) a[j] = _mm512_loadu_ps(y + (size_t)(m0 + j) * N + n0); } \
+    const float* xr = x + (size_t)m0 * K;                                                                   \
+    for (int k = k0; k < k1; k++) {                                                                        \
+        _mm_prefetch((const char*)(panel + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0);                     \
+        if (next) _mm_prefetch((const char*)(next + 16 * (size_t)k), _MM_HINT_T1);                         \
+        __m512 w = LOAD(panel + 16 * (size_t)k);                                                           \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++)                                              \
+            a[j] = _mm512_fmadd_ps(w, _mm512_set1_ps(xr[(size_t)j * K + k]), a[j]);                        \
+    }                                                                                                      \
+    if (k1 < K) {                                                                                          \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + n0, a[j]); \
+        return;                                                                                            \
+    }                                                                                                      \
+    FINISH512(MB, WT, EXTRA)                                                                               \
+}
+
+/* MB <= SPLIT_ROWS rows, even and odd k in separate chains, added at the end (the AVX2 kernel's split rows). */
+#define KERNEL512_SPLIT(MB, WT, LOAD, EXTRA, SUFFIX)                                                        \
+TARGET512 static void k512s_##MB##SUFFIX(const float* restrict x, const WT* restrict panel, const float* restrict b, \
+                                       float* restrict y, int N, int K, int n0, int m0, const WT* next) {  \
+    __m512 a[MB], c[MB];                                                                                   \
+    _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) { a[j] = _mm512_setzero_ps(); c[j] = _mm512_setzero_ps(); } \
+    const float* xr = x + (size_t)m0 * K;                                                                   \
+    int k = 0;                                                                                             \
+    for (; k + 2 <= K; k += 2) {                                                                           \
+        if (sizeof(WT) <= 2) _mm_prefetch((const char*)(panel + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0); \
+        if (next) { _mm_prefetch((const char*)(next + 16 * (size_t)k), _MM_HINT_T1);                       \
+                    _mm_prefetch((const char*)(next + 16 * (size_t)k + 16), _MM_HINT_T1); }                 \
+        __m512 w = LOAD(panel + 16 * (size_t)k), v = LOAD(panel + 16 * (size_t)k + 16);                    \
+        _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) {                                             \
+            a[j] = _mm512_fmadd_ps(w, _mm512_set1_ps(xr[(size_t)j * K + k]), a[j]);                        \
+            c[j] = _mm512_fmadd_ps(v, _mm512_set1_ps(xr[(size_t)j * K + k + 1]), c[j]);                    \
+        }                                                                                                  \
+    }                                                                                                      \
+    for (; k < K; k++) {                                                                                   \
+        __m512 w = LOAD(panel + 16 * (size_t)k);                                                           \
+        _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++)                                               \
+            a[j] = _mm512_fmadd_ps(w, _mm512_set1_ps(xr[(size_t)j * K + k]), a[j]);                        \
+    }                                                                                                      \
+    _Pragma("GCC unroll 8") for (int j = 0; j < MB; j++) a[j] = _mm512_add_ps(a[j], c[j]);                 \
+    FINISH512(MB, WT, EXTRA)                                                                               \
+}
+
+#define KERNELS512(WT, LOAD, EXTRA, SUFFIX)                                                                 \
+    KERNEL512_SPLIT(1, WT, LOAD, EXTRA, SUFFIX) KERNEL512_SPLIT(2, WT, LOAD, EXTRA, SUFFIX)                 \
+    KERNEL512(3, WT, LOAD, EXTRA, SUFFIX) KERNEL512(4, WT, LOAD, EXTRA, SUFFIX)                             \
+    KERNEL512(5, WT, LOAD, EXTRA, SUFFIX) KERNEL512(6, WT, LOAD, EXTRA, SUFFIX)                             \
+    KERNEL512(7, WT, LOAD, EXTRA, SUFFIX) KERNEL512(8, WT, LOAD, EXTRA, SUFFIX)                             \
+    KERNEL512(9, WT, LOAD, EXTRA, SUFFIX) KERNEL512(10, WT, LOAD, EXTRA, SUFFIX)                            \
+    KERNEL512(11, WT, LOAD, EXTRA, SUFFIX) KERNEL512(12, WT, LOAD, EXTRA, SUFFIX)                           \
+    KERNEL512(13, WT, LOAD, EXTRA, SUFFIX) KERNEL512(14, WT, LOAD, EXTRA, SUFFIX)                           \
+    KERNEL512(15, WT, LOAD, EXTRA, SUFFIX) KERNEL512(16, WT, LOAD, EXTRA, SUFFIX)                           \
+    typedef void (*k512##SUFFIX##_fn)(const float*, const WT*, const float*, float*, int, int, int, int, const WT*, int, int); \
+    static const k512##SUFFIX##_fn K512##SUFFIX[MAX512 + 1] = {                                            \
+        NULL, NULL, NULL, k512_3##SUFFIX, k512_4##SUFFIX, k512_5##SUFFIX, k512_6##SUFFIX,                   \
+        k512_7##SUFFIX, k512_8##SUFFIX, k512_9##SUFFIX, k512_10##SUFFIX, k512_11##SUFFIX,                   \
+        k512_12##SUFFIX, k512_13##SUFFIX, k512_14##SUFFIX, k512_15##SUFFIX, k512_16##SUFFIX};
+
+KERNELS512(float, LOAD512_W32, EXTRA_W32, _f32)
+KERNELS512(unsigned short, LOAD512_W16, EXTRA_W16, _f16)
+KERNELS512(signed char, LOAD512_W8, EXTRA_W8, _i8)
+
+#define PANEL_LINEAR512(NAME, WT, EXTRA, SUFFIX)                                                            \
+TARGET512 static void NAME##_512(const float* x, const WT* P, const float* b, float* y, int M, int N, int K, int threads) { \
+    int panels = N / 16;                                                                                   \
+    int tail = M % 6 <= SPLIT_ROWS ? M % 6 : 0;  /* the rows the AVX2 kernel splits */                      \
+    int body = M - tail, blocks = (body + MAX512 - 1) / MAX512;                                            \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
+    for (int p = 0; p < panels; p++) {                                                                     \
+        const WT* panel = P + (size_t)p * (K + EXTRA) * 16;                                                \
+        const WT* next = p + 1 < panels ? panel + (size_t)(K + EXTRA) * 16 : NULL;                         \
+        int n0 = 16 * p, m0 = 0;                                                                           \
+        /* several blocks take the panel CHUNK512 lines at a time, every block per chunk, so the weight stream   \
+         * advances at one pace over the panel's whole compute; they leave the stream to the hardware prefetchers \
+         * and the in-panel prefetch, which runs on into the next panel (the AVX-512 comment above) */          \
+        int chunk = blocks > 1 ? CHUNK512 : K, k0 = 0;                                                     \
+        do {                                                                                               \
+            int k1 = k0 + chunk < K ? k0 + chunk : K;                                                      \
+            m0 = 0;                                                                                        \
+            for (int blk = 0; blk < blocks; blk++) {  /* body rows in blocks of equal size (each >= 3) */    \
+                int mb = (body - m0) / (blocks - blk);                                                     \
+                K512##SUFFIX[mb](x, panel, b, y, N, K, n0, m0, blocks == 1 ? next : NULL, k0, k1);          \
+                m0 += mb;                                                                                  \
+            }                                                                                              \
+            k0 = k1;                                                                                       \
+        } while (k0 < K);                                                                                  \
+        if (tail == 1) k512s_1##SUFFIX(x, panel, b, y, N, K, n0, m0, next);                                \
+        else if (tail == 2) k512s_2##SUFFIX(x, panel, b, y, N, K, n0, m0, next);                           \
+    }                                                                                                      \
+}
+
+PANEL_LINEAR512(panel_linear, float, EXTRA_W32, _f32)
+PANEL_LINEAR512(panel_linear_f16, unsigned short, EXTRA_W16, _f16)
+PANEL_LINEAR512(panel_linear_i8, signed char, EXTRA_W8, _i8)
+
+/* Which kernel the products run: PANEL_ISA_AUTO (AVX-512 where the CPU has it, else AVX2), or one forced by
+ * panel_isa (tests compare the two bit for bit; benchmarks time them side by side). */
+enum { PANEL_ISA_AUTO = 0, PANEL_ISA_AVX2 = 1, PANEL_ISA_AVX512 = 2 };
+static int isa_request = PANEL_ISA_AUTO;
+
+static int cpu_has_avx512(void) {
+    static int has = -1;  /* asked once: the CPU does not change under a process */
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512f") != 0;
+    }
+    return has;
+}
+
+static int isa_in_effect(void) {
+    if (isa_request == PANEL_ISA_AVX2) return PANEL_ISA_AVX2;
+    return cpu_has_avx512() ? PANEL_ISA_AVX512 : PANEL_ISA_AVX2;
+}
+
+/* request < 0: only report; else set PANEL_ISA_AUTO / _AVX2 / _AVX512.  Returns the kernel now in effect
+ * (PANEL_ISA_AVX2 or PANEL_ISA_AVX512), or -1 (nothing changed) when AVX-512 is asked for on a CPU without it
+ * or the request is unknown.  Not thread-safe: set it before the products run. */
+int panel_isa(int request) {
+    if (request > PANEL_ISA_AVX512 || (request == PANEL_ISA_AVX512 && !cpu_has_avx512())) return -1;
+    if (request >= 0) isa_request = request;
+    return isa_in_effect();
+}
+
 /* x [M, K], P [N/16][K][16], b [N] or NULL, y [M, N]: x, b, y float32, P float32 (panel_linear) or float16
  * bits (panel_linear_f16), or P [N/16][K + 4][16] int8 with the scales (panel_linear_i8), all contiguous.
  * Returns 0, or 1 when N is not a multiple of 16 (nothing written). */
 #define PANEL_LINEAR(NAME, WT, EXTRA, SUFFIX)                                                               \
 int NAME(const float* x, const WT* P, const float* b, float* y, int M, int N, int K, int threads) {         \
     if (N % 16 != 0 || M < 0 || K < 0) return 1;                                                           \
+    if (isa_in_effect() == PANEL_ISA_AVX512) { NAME##_512(x, P, b, y, M, N, K, threads); return 0; }         \
     int panels = N / 16;                                                                                   \
     _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
     for (int p = 0; p < panels; p++) {                                                                     \
