@@ -433,7 +433,8 @@ def test_pass_limit_benchmark_times_lean_variants_beside_the_lean_pass(tiny_pair
         assert not any(g.startswith(f"1 thread(s), n=1: lean_{c}") for g in goals)  # a comparison, not a goal
     text = "\n".join(section_pass_limit(load_record(tmp_path / "bench_pass_limit.json")))
     assert "lean ÷ lean avx2_kernel" in text and "lean ÷ lean small_pages" in text, text
-    assert f"Panel kernel: {res['panel_isa']}." in text and "its panels on 4 KiB pages" in text, text
+    assert res["transparent_huge_pages"] in ("always", "madvise", "never", "unavailable")
+    assert f"Panel kernel: {res['panel_isa']};" in text and "its panels on 4 KiB pages" in text, text
 
 
 @pytest.mark.parametrize("panels", [False, pytest.param(True, marks=pytest.mark.skipif(

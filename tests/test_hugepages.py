@@ -61,3 +61,16 @@ def test_an_arena_hands_out_aligned_disjoint_tensors_and_refuses_overflow() -> N
     assert [float(t.double().mean()) for t in got] == [1.0, 2.0, 3.0, 4.0]  # no tensor overwrote another
     with pytest.raises(RuntimeError, match="do not fit"):
         arena.take((1,), torch.float32)
+
+
+def test_the_transparent_huge_page_mode_is_one_of_the_kernels_words(tmp_path, monkeypatch) -> None:
+    assert hugepages.transparent_huge_pages_mode() in ("always", "madvise", "never", "unavailable")
+    import builtins
+
+    real_open = builtins.open
+    fake = tmp_path / "enabled"
+    fake.write_text("always [madvise] never\n")
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(fake if "transparent_hugepage" in str(path) else path, *a, **k))
+    assert hugepages.transparent_huge_pages_mode() == "madvise"
+    fake.unlink()
+    assert hugepages.transparent_huge_pages_mode() == "unavailable"

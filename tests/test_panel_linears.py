@@ -146,6 +146,13 @@ def test_panel_isa_refuses_an_unknown_name() -> None:
         panels.panel_isa("sse")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+def test_packed_nbytes_is_what_pack_panels_gives(dtype: torch.dtype) -> None:
+    for n, k in [(16, 3), (40, 7), (1, 1), (33, 64)]:
+        pan = pack_panels(torch.randn(n, k), dtype)
+        assert panels.packed_nbytes(torch.empty(n, k), dtype) == pan.numel() * pan.element_size(), (n, k)
+
+
 def test_panel_packs_hold_every_panel_in_one_arena(tiny_pair) -> None:
     # one mapping for the whole pack (mdv.models.hugepages), every panel on a 64-byte line, values unchanged
     target = tiny_pair[0].model

@@ -42,7 +42,7 @@ from mdv.bench.config import LEAN_COMPARISONS, PassLimitBench, TinyPair
 from mdv.bench.pairs import target_for, torch_device
 from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, spread, sync_for, time_call
-from mdv.models.hugepages import huge_page_empty
+from mdv.models.hugepages import huge_page_empty, transparent_huge_pages_mode
 from mdv.models.lean import LeanModel
 from mdv.models.packed import LinearPacks, rung_for
 from mdv.models.panels import PanelPacks, forced_panel_isa, panel_isa
@@ -215,6 +215,7 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
         res["max_abs_prob_diff_panels_vs_float64"] = float((full_panels - full64).abs().max())
         res["panel_pack_bytes"], res["panel_pack_seconds"] = panels.pack_bytes, panels.pack_seconds
         res["panel_isa"] = panel_isa()  # the kernel the panels and lean columns ran (lean_avx2_kernel: forced AVX2)
+        res["transparent_huge_pages"] = transparent_huge_pages_mode()  # the OS policy the panels' arena asked under
     packed, paneled, lean = bool(cfg.packed), panels is not None, lean_target is not None
     for entry in per_threads:
         print_table(f"target pass vs its limit, {entry['threads']} thread(s): read bandwidth"
@@ -225,7 +226,8 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                     + ("; panels = linears on 16-column weight panels (mdv.models.panels)" if paneled else "")
                     + (f"; lean = mdv's lean decoder forward (mdv.models.lean), linears {'on panels' if paneled else 'plain'}"
                        if lean else "")
-                    + (f"; panel kernel {res['panel_isa']}, panels on huge pages" if paneled else "")
+                    + (f"; panel kernel {res['panel_isa']}, panels on huge pages (the OS's policy:"
+                       f" {res['transparent_huge_pages']})" if paneled else "")
                     + "".join(f"; lean {c} = the lean pass with {LEAN_COMPARISONS[c]}" for c in compare),
                     ["n new tokens", "ms", "limit ms", "bound", "x limit"]
                     + (["pack rows", "packed ms", "packed x limit", "packed / plain", "pack MB"] if packed else [])

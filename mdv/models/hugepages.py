@@ -30,6 +30,17 @@ def huge_pages_possible() -> bool:
     return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
 
 
+def transparent_huge_pages_mode() -> str:
+    """The system's transparent-huge-page policy: "always" or "madvise" (a :func:`huge_page_empty` tensor gets
+    huge pages when the kernel has free ones), "never", or "unavailable" (no such setting, e.g. not Linux)."""
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "unavailable"
+    chosen = [word[1:-1] for word in text.split() if word.startswith("[") and word.endswith("]")]
+    return chosen[0] if chosen else "unavailable"
+
+
 def huge_page_empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
     """An uninitialised contiguous CPU tensor of ``shape`` and ``dtype`` whose memory starts on a 2 MiB
     boundary and is advised for transparent huge pages (module docstring); ``torch.empty`` when the platform

@@ -55,7 +55,7 @@ from mdv.errors import InvalidInputError
 from mdv.models.hugepages import HugePageArena
 from mdv.models.packed import LinearForwards, check_float32_cpu, float32_cpu_linears
 
-PANEL = 16  # output columns per panel: two AVX2 registers of float32
+PANEL = 16  # output columns per panel: two AVX2 registers of float32, or one AVX-512 register
 #: the C sources of mdv's kernel library: the panel products, and the lean forward's decoder layer
 #: (mdv.models.lean), which calls them; compiled together into one shared library
 _SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("panel_linear.c", "lean_layer.c"))
@@ -172,16 +172,12 @@ def check_panel_dtype(dtype: Any) -> torch.dtype:
     return dtype
 
 
-def packed_shape(out_features: int, in_features: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """The shape :func:`pack_panels` gives a weight [out_features, in_features] in ``dtype``."""
-    extra = INT8_SCALE_LINES if check_panel_dtype(dtype) is torch.int8 else 0
-    return -(-out_features // PANEL), in_features + extra, PANEL
-
-
 def packed_nbytes(weight: Tensor, dtype: torch.dtype) -> int:
-    """The bytes :func:`pack_panels` gives ``weight`` in ``dtype``."""
-    p, k, c = packed_shape(*weight.shape, dtype)
-    return p * k * c * torch.empty((), dtype=dtype).element_size()
+    """The bytes :func:`pack_panels` gives ``weight`` [N, K] in ``dtype``, without packing it:
+    ceil(N/16) panels of K lines (K + 4 for int8: the scales) of 16 values."""
+    n, k = weight.shape
+    lines = k + (INT8_SCALE_LINES if check_panel_dtype(dtype) is torch.int8 else 0)
+    return -(-n // PANEL) * lines * PANEL * torch.empty((), dtype=dtype).element_size()
 
 
 def pack_panels(weight: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:

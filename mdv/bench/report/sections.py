@@ -299,7 +299,8 @@ def section_pass_limit(rec: Record) -> list[str]:
              + (" Lean: mdv's lean decoder forward (mdv.models.lean; on the panels when they are timed); p vs the plain"
                 f" pass: max |p diff| = {fmt(res['max_abs_prob_diff_lean_vs_plain'])}."
                 if "max_abs_prob_diff_lean_vs_plain" in res else "")
-             + (f" Panel kernel: {res['panel_isa']}." if "panel_isa" in res else "")
+             + (f" Panel kernel: {res['panel_isa']}; panels on transparent huge pages (the OS's policy:"
+                f" {res.get('transparent_huge_pages', '-')})." if "panel_isa" in res else "")
              + "".join(f" Lean {c}: the same lean pass with {LEAN_COMPARISONS[c]}, interleaved; p vs the plain pass:"
                        f" max |p diff| = {fmt(res[f'max_abs_prob_diff_lean_{c}_vs_plain'])}."
                        for c in LEAN_COMPARISONS if f"max_abs_prob_diff_lean_{c}_vs_plain" in res), ""]
