@@ -3,6 +3,7 @@ the same inputs, the same at 1 and 2 threads to the bit, a panel-packed target k
 T = 0 output equal to AR greedy, the model is left as it was, and bad input gets one clear error."""
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -110,7 +111,7 @@ def _cpu_has_avx512f() -> bool:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
 def test_the_avx512_and_avx2_kernels_give_the_same_bits(dtype: torch.dtype) -> None:
-    # every row count from 0 to 40 (one block, several blocks in k-chunks, the split tail rows), K below, at and
+    # every row count from 0 to 40 (one block, several blocks in k-chunks, pairs of panels, the split tail rows), K below, at and
     # across the 64-line chunks, with and without bias, at 1 and 2 threads: the AVX-512 kernel keeps every row's
     # summation order, so the products are equal to the bit (kernels/panel_linear.c)
     if not _cpu_has_avx512f():
@@ -122,10 +123,11 @@ def test_the_avx512_and_avx2_kernels_give_the_same_bits(dtype: torch.dtype) -> N
     gen = torch.Generator().manual_seed(11)
     before = torch.get_num_threads()
     try:
-        for k_in in (1, 7, 64, 150):
-            w = torch.randn(48, k_in, generator=gen)  # 3 panels: the next-panel prefetch runs
+        # 3 panels (a pair of panels and a lone one) and 4 (two pairs): the next-panel prefetch runs
+        for n_out, k_in in itertools.product((48, 64), (1, 7, 64, 150)):
+            w = torch.randn(n_out, k_in, generator=gen)
             pan = pack_panels(w, dtype)
-            _, pb = _panels_and_bias(w, torch.randn(48, generator=gen))
+            _, pb = _panels_and_bias(w, torch.randn(n_out, generator=gen))
             x = torch.randn(40, k_in, generator=gen)
             for rows in range(41):
                 for bias in (None, pb):
@@ -133,9 +135,9 @@ def test_the_avx512_and_avx2_kernels_give_the_same_bits(dtype: torch.dtype) -> N
                         torch.set_num_threads(threads)
                         with panels.forced_panel_isa("avx2") as isa:
                             assert isa == "avx2"
-                            ref = panel_linear(x[:rows], pan, bias, 48)
-                        got = panel_linear(x[:rows], pan, bias, 48)
-                        assert torch.equal(got, ref), (k_in, rows, bias is not None, threads)
+                            ref = panel_linear(x[:rows], pan, bias, n_out)
+                        got = panel_linear(x[:rows], pan, bias, n_out)
+                        assert torch.equal(got, ref), (n_out, k_in, rows, bias is not None, threads)
     finally:
         torch.set_num_threads(before)
     assert panels.panel_isa() == "avx512"  # the context restored the setting

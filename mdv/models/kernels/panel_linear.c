@@ -129,8 +129,15 @@ KERNEL(4, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(5, signed char, LOAD_W8, E
  * 0.76x at 17, 0.79x at 33, the same at 1-5 rows (there the stream is the limit).  With one block the next
  * panel is prefetched as in the AVX2 kernel; with several (> 16 rows) the blocks take the panel 64 lines at a
  * time (CHUNK512) and leave the stream to the hardware: on the [49152 x 576] head on huge pages, 17 rows
- * 13.7 -> 11.5 ms against block after block, and 11.5 -> 10.7 ms without the next-panel prefetch. */
+ * 13.7 -> 11.5 ms against block after block, and 11.5 -> 10.7 ms without the next-panel prefetch.
+ *
+ * From 3 rows on the rows run over two neighbouring panels at once (KERNEL512X2, blocks of up to 14 rows), so
+ * one broadcast of x feeds two FMAs: one broadcast load per FMA kept the kernel below the FMA peak.  On all of
+ * the default target's shapes (its 121 linears, huge pages, 1 thread, each pass after a cache eviction):
+ * 9 rows 49.1 -> 43.9 ms, 13 rows 63.6 -> 55.5, 17 rows 57.7 -> 51.5, 33 rows 98.4 -> 80.7 (1-5 rows: 40-42 ms,
+ * the stream). */
 #define MAX512 16
+#define MAX512X2 14
 #define CHUNK512 64
 #define TARGET512 __attribute__((target("avx512f")))
 #define LOAD512_W32(ptr) _mm512_loadu_ps(ptr)
@@ -173,6 +180,49 @@ TARGET512 static void k512_##MB##SUFFIX(const float* restrict x, const WT* restr
     FINISH512(MB, WT, EXTRA)                                                                               \
 }
 
+/* The same rows over two neighbouring panels at once (32 columns): each broadcast of x[m, k] feeds two FMAs,
+ * halving the loads per FMA (MB <= MAX512X2 rows: 2 x MB accumulators, two weights and the broadcast in 32 zmm).
+ * Each column's sum is the single-panel kernel's, so the bits are the same. */
+#define KERNEL512X2(MB, WT, LOAD, EXTRA, SUFFIX)                                                            \
+TARGET512 static void k512x2_##MB##SUFFIX(const float* restrict x, const WT* restrict panel, const float* restrict b, \
+                                        float* restrict y, int N, int K, int n0, int m0, const WT* next,   \
+                                        int k0, int k1) {                                                  \
+    const WT* restrict panel1 = panel + (size_t)(K + EXTRA) * 16;                                          \
+    __m512 a[MB], c[MB];                                                                                   \
+    if (k0 == 0) { _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) { a[j] = _mm512_setzero_ps(); c[j] = _mm512_setzero_ps(); } } \
+    else { _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                         \
+        a[j] = _mm512_loadu_ps(y + (size_t)(m0 + j) * N + n0); c[j] = _mm512_loadu_ps(y + (size_t)(m0 + j) * N + n0 + 16); } } \
+    const float* xr = x + (size_t)m0 * K;                                                                   \
+    for (int k = k0; k < k1; k++) {                                                                        \
+        _mm_prefetch((const char*)(panel + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0);                     \
+        _mm_prefetch((const char*)(panel1 + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0);                    \
+        if (next) { _mm_prefetch((const char*)(next + 16 * (size_t)k), _MM_HINT_T1);                       \
+                    _mm_prefetch((const char*)(next + (size_t)(K + EXTRA) * 16 + 16 * (size_t)k), _MM_HINT_T1); } \
+        __m512 w = LOAD(panel + 16 * (size_t)k), v = LOAD(panel1 + 16 * (size_t)k);                        \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
+            __m512 xb = _mm512_set1_ps(xr[(size_t)j * K + k]);                                             \
+            a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                           \
+            c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                           \
+        }                                                                                                  \
+    }                                                                                                      \
+    if (k1 < K) {                                                                                          \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
+            _mm512_storeu_ps(y + (size_t)(m0 + j) * N + n0, a[j]); _mm512_storeu_ps(y + (size_t)(m0 + j) * N + n0 + 16, c[j]); } \
+        return;                                                                                            \
+    }                                                                                                      \
+    if (EXTRA) {                                                                                           \
+        __m512 s0 = _mm512_loadu_ps((const float*)(const void*)(panel + 16 * (size_t)K));                  \
+        __m512 s1 = _mm512_loadu_ps((const float*)(const void*)(panel1 + 16 * (size_t)K));                 \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) { a[j] = _mm512_mul_ps(a[j], s0); c[j] = _mm512_mul_ps(c[j], s1); } \
+    }                                                                                                      \
+    if (b) {                                                                                               \
+        __m512 b0 = _mm512_loadu_ps(b + n0), b1 = _mm512_loadu_ps(b + n0 + 16);                            \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) { a[j] = _mm512_add_ps(a[j], b0); c[j] = _mm512_add_ps(c[j], b1); } \
+    }                                                                                                      \
+    _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                                \
+        _mm512_storeu_ps(y + (size_t)(m0 + j) * N + n0, a[j]); _mm512_storeu_ps(y + (size_t)(m0 + j) * N + n0 + 16, c[j]); } \
+}
+
 /* MB <= SPLIT_ROWS rows, even and odd k in separate chains, added at the end (the AVX2 kernel's split rows). */
 #define KERNEL512_SPLIT(MB, WT, LOAD, EXTRA, SUFFIX)                                                        \
 TARGET512 static void k512s_##MB##SUFFIX(const float* restrict x, const WT* restrict panel, const float* restrict b, \
@@ -213,7 +263,15 @@ TARGET512 static void k512s_##MB##SUFFIX(const float* restrict x, const WT* rest
     static const k512##SUFFIX##_fn K512##SUFFIX[MAX512 + 1] = {                                            \
         NULL, NULL, NULL, k512_3##SUFFIX, k512_4##SUFFIX, k512_5##SUFFIX, k512_6##SUFFIX,                   \
         k512_7##SUFFIX, k512_8##SUFFIX, k512_9##SUFFIX, k512_10##SUFFIX, k512_11##SUFFIX,                   \
-        k512_12##SUFFIX, k512_13##SUFFIX, k512_14##SUFFIX, k512_15##SUFFIX, k512_16##SUFFIX};
+        k512_12##SUFFIX, k512_13##SUFFIX, k512_14##SUFFIX, k512_15##SUFFIX, k512_16##SUFFIX}; \
+    KERNEL512X2(3, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(4, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(5, WT, LOAD, EXTRA, SUFFIX) \
+    KERNEL512X2(6, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(7, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(8, WT, LOAD, EXTRA, SUFFIX) \
+    KERNEL512X2(9, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(10, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(11, WT, LOAD, EXTRA, SUFFIX) \
+    KERNEL512X2(12, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(13, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(14, WT, LOAD, EXTRA, SUFFIX) \
+    static const k512##SUFFIX##_fn K512X2##SUFFIX[MAX512X2 + 1] = { \
+        NULL, NULL, NULL, k512x2_3##SUFFIX, k512x2_4##SUFFIX, k512x2_5##SUFFIX, k512x2_6##SUFFIX, k512x2_7##SUFFIX, \
+        k512x2_8##SUFFIX, k512x2_9##SUFFIX, k512x2_10##SUFFIX, k512x2_11##SUFFIX, k512x2_12##SUFFIX, k512x2_13##SUFFIX, \
+        k512x2_14##SUFFIX};
 
 KERNELS512(float, LOAD512_W32, EXTRA_W32, _f32)
 KERNELS512(unsigned short, LOAD512_W16, EXTRA_W16, _f16)
@@ -223,11 +281,16 @@ KERNELS512(signed char, LOAD512_W8, EXTRA_W8, _i8)
 TARGET512 static void NAME##_512(const float* x, const WT* P, const float* b, float* y, int M, int N, int K, int threads) { \
     int panels = N / 16;                                                                                   \
     int tail = M % 6 <= SPLIT_ROWS ? M % 6 : 0;  /* the rows the AVX2 kernel splits */                      \
-    int body = M - tail, blocks = (body + MAX512 - 1) / MAX512;                                            \
+    int body = M - tail;                                                                                   \
+    int dual = body >= 3;  /* body rows over two panels at a time (the last one alone if their count is odd) */ \
+    int cap = dual ? MAX512X2 : MAX512, blocks = (body + cap - 1) / cap;                                   \
+    int width = dual ? 2 : 1, units = (panels + width - 1) / width;                                        \
     _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
-    for (int p = 0; p < panels; p++) {                                                                     \
+    for (int u = 0; u < units; u++) {                                                                      \
+        int p = u * width, pair = dual && p + 1 < panels;                                                  \
         const WT* panel = P + (size_t)p * (K + EXTRA) * 16;                                                \
-        const WT* next = p + 1 < panels ? panel + (size_t)(K + EXTRA) * 16 : NULL;                         \
+        const WT* next = p + width < panels ? panel + (size_t)width * (K + EXTRA) * 16 : NULL;              \
+        if (next && pair && p + width + 1 >= panels) next = NULL;  /* no whole pair after it */              \
         int n0 = 16 * p, m0 = 0;                                                                           \
         /* several blocks take the panel CHUNK512 lines at a time, every block per chunk, so the weight stream   \
          * advances at one pace over the panel's whole compute; they leave the stream to the hardware prefetchers \
@@ -238,13 +301,19 @@ TARGET512 static void NAME##_512(const float* x, const WT* P, const float* b, fl
             m0 = 0;                                                                                        \
             for (int blk = 0; blk < blocks; blk++) {  /* body rows in blocks of equal size (each >= 3) */    \
                 int mb = (body - m0) / (blocks - blk);                                                     \
-                K512##SUFFIX[mb](x, panel, b, y, N, K, n0, m0, blocks == 1 ? next : NULL, k0, k1);          \
+                const WT* nx = blocks == 1 ? next : NULL;                                                  \
+                if (pair) K512X2##SUFFIX[mb](x, panel, b, y, N, K, n0, m0, nx, k0, k1);                    \
+                else K512##SUFFIX[mb](x, panel, b, y, N, K, n0, m0, nx, k0, k1);                           \
                 m0 += mb;                                                                                  \
             }                                                                                              \
             k0 = k1;                                                                                       \
         } while (k0 < K);                                                                                  \
-        if (tail == 1) k512s_1##SUFFIX(x, panel, b, y, N, K, n0, m0, next);                                \
-        else if (tail == 2) k512s_2##SUFFIX(x, panel, b, y, N, K, n0, m0, next);                           \
+        for (int q = p; q < p + width && q < panels; q++) {  /* the split rows, one panel at a time */      \
+            const WT* pq = P + (size_t)q * (K + EXTRA) * 16;                                               \
+            const WT* nq = q + 1 < panels ? pq + (size_t)(K + EXTRA) * 16 : NULL;                          \
+            if (tail == 1) k512s_1##SUFFIX(x, pq, b, y, N, K, 16 * q, m0, nq);                             \
+            else if (tail == 2) k512s_2##SUFFIX(x, pq, b, y, N, K, 16 * q, m0, nq);                        \
+        }                                                                                                  \
     }                                                                                                      \
 }
 
