@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mdv.models import hugepages
-from mdv.models.hugepages import HUGE_PAGE, HugePageArena, huge_page_empty, to_huge_pages
+from mdv.models.hugepages import HUGE_PAGE, HugePageArena, huge_page_empty
 
 needs_madvise = pytest.mark.skipif(not hugepages.huge_pages_possible(), reason="no MADV_HUGEPAGE on this platform")
 
@@ -30,20 +30,23 @@ def test_a_large_tensor_starts_on_a_huge_page_and_keeps_its_values() -> None:
 
 
 def test_a_small_tensor_is_an_ordinary_one() -> None:
-    t = huge_page_empty((10, 4), torch.float16)
-    assert t.shape == (10, 4) and t.dtype == torch.float16
-    src = torch.randn(10, 4)
-    assert torch.equal(to_huge_pages(src), src)
+    t = huge_page_empty((10, 4), torch.float16)  # below one huge page: torch.empty
+    assert t.shape == (10, 4) and t.dtype == torch.float16 and t.is_contiguous()
+    src = torch.randn(10, 4).half()
+    t.copy_(src)
+    assert torch.equal(t, src)
 
 
 @needs_madvise
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
-def test_to_huge_pages_copies_exactly(dtype: torch.dtype) -> None:
+def test_a_huge_page_arena_holds_values_exactly(dtype: torch.dtype) -> None:
     src = (torch.randn(1024, 1024) * 50).to(dtype)  # 1-4 MiB
-    got = to_huge_pages(src)
+    arena = HugePageArena(HugePageArena.bytes_for([src.numel() * src.element_size()]))
+    got = arena.take(src.shape, dtype)
+    got.copy_(src)
     assert got.dtype == dtype and torch.equal(got, src)
-    if src.numel() * src.element_size() >= HUGE_PAGE:
-        assert got.data_ptr() % HUGE_PAGE == 0 and got.data_ptr() != src.data_ptr()
+    if arena.nbytes >= HUGE_PAGE:
+        assert got.data_ptr() % HUGE_PAGE == 0  # the arena's first tensor starts its mapping
 
 
 def test_an_arena_hands_out_aligned_disjoint_tensors_and_refuses_overflow() -> None:

@@ -3,9 +3,10 @@
 A decode or verification pass reads every weight once; with 4 KiB pages a [49152 x 576] float32 head crosses
 27,648 pages, each a TLB miss whose page walk stalls the stream, and the hardware prefetchers stop at every
 page boundary.  On 2 MiB pages (Linux transparent huge pages, ``madvise(MADV_HUGEPAGE)``) the same head crosses
-54.  Measured on this project's CI machine (Xeon, AVX-512, 1 thread, each call after a cache eviction): the panel
-product on that head 10.0 -> 8.7 ms at 1 row, 10.4 -> 8.5 at 5, 17.4 -> 16.2 at 17 (AVX2 kernel), more with the
-AVX-512 one (``kernels/panel_linear.c``).  The bits are the same: only where the bytes live changes.
+54.  Measured on this project's CI machine (Xeon, AVX-512, 1 thread, each call after a cache eviction, 4 KiB ->
+2 MiB pages): the panel product on that head with the AVX2 kernel 10.0 -> 9.0 ms at 1 row, 10.4 -> 8.5 at 5,
+17.5 -> 16.2 at 17; with the AVX-512 one (``kernels/panel_linear.c``) 15.0 -> 12.9 at 17 rows, 22.7 -> 19.7 at 33.
+The bits are the same: only where the bytes live changes.
 
 :func:`huge_page_empty` maps private anonymous memory aligned to 2 MiB and asks the kernel for huge pages; it
 falls back to ``torch.empty`` where that cannot be asked (not Linux, no ``MADV_HUGEPAGE``, or smaller than one
@@ -41,15 +42,19 @@ def transparent_huge_pages_mode() -> str:
     return chosen[0] if chosen else "unavailable"
 
 
+def _nbytes(shape: Sequence[int], dtype: torch.dtype) -> int:
+    numel = 1
+    for size in shape:
+        numel *= int(size)
+    return numel * torch.empty((), dtype=dtype).element_size()
+
+
 def huge_page_empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
     """An uninitialised contiguous CPU tensor of ``shape`` and ``dtype`` whose memory starts on a 2 MiB
     boundary and is advised for transparent huge pages (module docstring); ``torch.empty`` when the platform
     cannot ask or the tensor is smaller than one huge page.  The tensor keeps its mapping alive; the mapping is
     released with the tensor's last reference."""
-    numel = 1
-    for size in shape:
-        numel *= int(size)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = _nbytes(shape, dtype)
     if nbytes < HUGE_PAGE or not huge_pages_possible():
         return torch.empty(tuple(shape), dtype=dtype)
     area = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -60,16 +65,6 @@ def huge_page_empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
         pass
     # frombuffer keeps the memoryview, and through it the mapping, alive as long as the tensor's storage
     return torch.frombuffer(memoryview(area)[offset:offset + nbytes], dtype=dtype).view(tuple(shape))
-
-
-def to_huge_pages(t: Tensor) -> Tensor:
-    """A contiguous copy of CPU tensor ``t`` on huge pages (:func:`huge_page_empty`); ``t`` itself when it is
-    smaller than one huge page or the platform cannot ask for them."""
-    if t.numel() * t.element_size() < HUGE_PAGE or not huge_pages_possible():
-        return t.contiguous()
-    out = huge_page_empty(t.shape, t.dtype)
-    out.copy_(t)
-    return out
 
 
 class HugePageArena:
@@ -92,10 +87,7 @@ class HugePageArena:
 
     def take(self, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
         """The next uninitialised contiguous tensor of ``shape`` and ``dtype`` in the arena."""
-        numel = 1
-        for size in shape:
-            numel *= int(size)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = _nbytes(shape, dtype)
         if self._used + nbytes > self.nbytes:
             raise RuntimeError(f"HugePageArena: {nbytes} more bytes do not fit ({self._used} of {self.nbytes} used)")
         out = self._buf[self._used:self._used + nbytes].view(dtype).view(tuple(shape))
