@@ -121,23 +121,21 @@ KERNEL(4, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(5, signed char, LOAD_W8, E
  * Same bits as the AVX2 kernel: each lane of a zmm FMA is the same rounded operation as in a ymm one, and every
  * row keeps the AVX2 kernel's summation order, i.e. a row is split into even/odd-k chains exactly when the AVX2
  * kernel puts it in a block of <= SPLIT_ROWS rows (the last M % 6 rows when M % 6 <= SPLIT_ROWS; all rows when
- * M <= SPLIT_ROWS).  The other rows run in blocks of 3..MAX512 rows, one chain each (>= 3 chains per block;
- * from 8 rows on enough to cover the FMA latency).
+ * M <= SPLIT_ROWS).  The other rows run in blocks of 3..MAX512 rows, one chain each per column.
  *
  * Measured on an AVX-512 Xeon (this project's CI machine) at 1 thread, in the lean pass of the default target
  * (pass_limit lean_compare=[avx2_kernel], interleaved): the pass takes 0.87x the AVX2 kernel's time at 9 rows,
  * 0.76x at 17, 0.79x at 33, the same at 1-5 rows (there the stream is the limit).  With one block the next
- * panel is prefetched as in the AVX2 kernel; with several (> 16 rows) the blocks take the panel 64 lines at a
+ * panel is prefetched as in the AVX2 kernel; with several (> MAX512 rows) the blocks take the panel 64 lines at a
  * time (CHUNK512) and leave the stream to the hardware: on the [49152 x 576] head on huge pages, 17 rows
  * 13.7 -> 11.5 ms against block after block, and 11.5 -> 10.7 ms without the next-panel prefetch.
  *
- * From 3 rows on the rows run over two neighbouring panels at once (KERNEL512X2, blocks of up to 14 rows), so
+ * The rows run over two neighbouring panels at once (KERNEL512X2; the last panel alone when their count is odd), so
  * one broadcast of x feeds two FMAs: one broadcast load per FMA kept the kernel below the FMA peak.  On all of
  * the default target's shapes (its 121 linears, huge pages, 1 thread, each pass after a cache eviction):
  * 9 rows 49.1 -> 43.9 ms, 13 rows 63.6 -> 55.5, 17 rows 57.7 -> 51.5, 33 rows 98.4 -> 80.7 (1-5 rows: 40-42 ms,
  * the stream). */
-#define MAX512 16
-#define MAX512X2 14
+#define MAX512 14  /* rows in a block: 2 x 14 accumulators, two weights and a broadcast in 32 zmm */
 #define CHUNK512 64
 #define TARGET512 __attribute__((target("avx512f")))
 #define LOAD512_W32(ptr) _mm512_loadu_ps(ptr)
@@ -156,7 +154,8 @@ KERNEL(4, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(5, signed char, LOAD_W8, E
     }                                                                                                      \
     _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) _mm512_storeu_ps(y + (size_t)(m0 + j) * N + n0, a[j]);
 
-/* MB rows, one chain per row (the AVX2 kernel's rows in blocks of 3-6), over the panel's lines k0..k1-1: the
+/* MB rows over one panel (the last one, when the panels' count is odd), one chain per row (the AVX2 kernel's rows
+ * in blocks of 3-6), over the panel's lines k0..k1-1: the
  * row sums start at 0 (k0 = 0) or at the partial sums left in y, and are finished (k1 = K) or left in y. */
 #define KERNEL512(MB, WT, LOAD, EXTRA, SUFFIX)                                                              \
 TARGET512 static void k512_##MB##SUFFIX(const float* restrict x, const WT* restrict panel, const float* restrict b, \
@@ -181,7 +180,7 @@ TARGET512 static void k512_##MB##SUFFIX(const float* restrict x, const WT* restr
 }
 
 /* The same rows over two neighbouring panels at once (32 columns): each broadcast of x[m, k] feeds two FMAs,
- * halving the loads per FMA (MB <= MAX512X2 rows: 2 x MB accumulators, two weights and the broadcast in 32 zmm).
+ * halving the loads per FMA (MB <= MAX512 rows).
  * Each column's sum is the single-panel kernel's, so the bits are the same. */
 #define KERNEL512X2(MB, WT, LOAD, EXTRA, SUFFIX)                                                            \
 TARGET512 static void k512x2_##MB##SUFFIX(const float* restrict x, const WT* restrict panel, const float* restrict b, \
@@ -258,17 +257,16 @@ TARGET512 static void k512s_##MB##SUFFIX(const float* restrict x, const WT* rest
     KERNEL512(9, WT, LOAD, EXTRA, SUFFIX) KERNEL512(10, WT, LOAD, EXTRA, SUFFIX)                            \
     KERNEL512(11, WT, LOAD, EXTRA, SUFFIX) KERNEL512(12, WT, LOAD, EXTRA, SUFFIX)                           \
     KERNEL512(13, WT, LOAD, EXTRA, SUFFIX) KERNEL512(14, WT, LOAD, EXTRA, SUFFIX)                           \
-    KERNEL512(15, WT, LOAD, EXTRA, SUFFIX) KERNEL512(16, WT, LOAD, EXTRA, SUFFIX)                           \
     typedef void (*k512##SUFFIX##_fn)(const float*, const WT*, const float*, float*, int, int, int, int, const WT*, int, int); \
     static const k512##SUFFIX##_fn K512##SUFFIX[MAX512 + 1] = {                                            \
         NULL, NULL, NULL, k512_3##SUFFIX, k512_4##SUFFIX, k512_5##SUFFIX, k512_6##SUFFIX,                   \
         k512_7##SUFFIX, k512_8##SUFFIX, k512_9##SUFFIX, k512_10##SUFFIX, k512_11##SUFFIX,                   \
-        k512_12##SUFFIX, k512_13##SUFFIX, k512_14##SUFFIX, k512_15##SUFFIX, k512_16##SUFFIX}; \
+        k512_12##SUFFIX, k512_13##SUFFIX, k512_14##SUFFIX};                                                  \
     KERNEL512X2(3, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(4, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(5, WT, LOAD, EXTRA, SUFFIX) \
     KERNEL512X2(6, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(7, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(8, WT, LOAD, EXTRA, SUFFIX) \
     KERNEL512X2(9, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(10, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(11, WT, LOAD, EXTRA, SUFFIX) \
     KERNEL512X2(12, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(13, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2(14, WT, LOAD, EXTRA, SUFFIX) \
-    static const k512##SUFFIX##_fn K512X2##SUFFIX[MAX512X2 + 1] = { \
+    static const k512##SUFFIX##_fn K512X2##SUFFIX[MAX512 + 1] = { \
         NULL, NULL, NULL, k512x2_3##SUFFIX, k512x2_4##SUFFIX, k512x2_5##SUFFIX, k512x2_6##SUFFIX, k512x2_7##SUFFIX, \
         k512x2_8##SUFFIX, k512x2_9##SUFFIX, k512x2_10##SUFFIX, k512x2_11##SUFFIX, k512x2_12##SUFFIX, k512x2_13##SUFFIX, \
         k512x2_14##SUFFIX};
@@ -281,16 +279,14 @@ KERNELS512(signed char, LOAD512_W8, EXTRA_W8, _i8)
 TARGET512 static void NAME##_512(const float* x, const WT* P, const float* b, float* y, int M, int N, int K, int threads) { \
     int panels = N / 16;                                                                                   \
     int tail = M % 6 <= SPLIT_ROWS ? M % 6 : 0;  /* the rows the AVX2 kernel splits */                      \
-    int body = M - tail;                                                                                   \
-    int dual = body >= 3;  /* body rows over two panels at a time (the last one alone if their count is odd) */ \
-    int cap = dual ? MAX512X2 : MAX512, blocks = (body + cap - 1) / cap;                                   \
-    int width = dual ? 2 : 1, units = (panels + width - 1) / width;                                        \
+    int body = M - tail, blocks = (body + MAX512 - 1) / MAX512;                                            \
+    int units = (panels + 1) / 2;  /* pairs of panels (the last one alone if their count is odd) */       \
     _Pragma("omp parallel for num_threads(threads) schedule(static)")                                      \
     for (int u = 0; u < units; u++) {                                                                      \
-        int p = u * width, pair = dual && p + 1 < panels;                                                  \
+        int p = 2 * u, pair = p + 1 < panels;                                                              \
         const WT* panel = P + (size_t)p * (K + EXTRA) * 16;                                                \
-        const WT* next = p + width < panels ? panel + (size_t)width * (K + EXTRA) * 16 : NULL;              \
-        if (next && pair && p + width + 1 >= panels) next = NULL;  /* no whole pair after it */              \
+        /* a single block prefetches the next pair (when a whole pair follows) */                         \
+        const WT* next = p + 3 < panels ? panel + (size_t)2 * (K + EXTRA) * 16 : NULL;                     \
         int n0 = 16 * p, m0 = 0;                                                                           \
         /* several blocks take the panel CHUNK512 lines at a time, every block per chunk, so the weight stream   \
          * advances at one pace over the panel's whole compute; they leave the stream to the hardware prefetchers \
@@ -308,7 +304,7 @@ TARGET512 static void NAME##_512(const float* x, const WT* P, const float* b, fl
             }                                                                                              \
             k0 = k1;                                                                                       \
         } while (k0 < K);                                                                                  \
-        for (int q = p; q < p + width && q < panels; q++) {  /* the split rows, one panel at a time */      \
+        for (int q = p; q < p + 2 && q < panels; q++) {  /* the split rows, one panel at a time */          \
             const WT* pq = P + (size_t)q * (K + EXTRA) * 16;                                               \
             const WT* nq = q + 1 < panels ? pq + (size_t)(K + EXTRA) * 16 : NULL;                          \
             if (tail == 1) k512s_1##SUFFIX(x, pq, b, y, N, K, 16 * q, m0, nq);                             \
