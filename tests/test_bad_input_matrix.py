@@ -603,7 +603,8 @@ CLI_CASES: dict[str, CliCase] = {
                                                  r" needs pass_limit.panels=true and pass_limit.lean=true \(got panels=False,"
                                                  r" lean=True\)$"),
     "bench/lean_compare-unknown": CliCase("bench", {"benchmarks": "[pass_limit]", "pass_limit.lean_compare": "[avx3]"},
-                                          r"pass_limit.lean_compare must be distinct entries of avx2_kernel, small_pages;"
+                                          r"pass_limit.lean_compare must be distinct entries of avx2_kernel, small_pages,"
+                                          r" per_query_attention;"
                                           r" got \['avx3'\]$"),
     # python -m experiments.train_draft (checked before the target loads and hours of generation start)
     "train_draft/unknown-distill-head": CliCase("train_draft", {"distill.head": "rows"},

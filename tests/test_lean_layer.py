@@ -14,7 +14,8 @@ import mdv.models.lean as lean_mod
 from mdv.errors import InvalidInputError
 from mdv.models import panels
 from mdv.models.lean import LeanModel
-from mdv.models.panels import PanelPacks, panel_kernel_status
+from mdv.models.lean_layer import ATTENTIONS, attention_mode, forced_attention
+from mdv.models.panels import PanelPacks, forced_panel_isa, panel_kernel_status
 from mdv.models.tree import build_tree
 
 pytestmark = pytest.mark.skipif(not panel_kernel_status()[0], reason=panel_kernel_status()[1] or "available")
@@ -100,12 +101,14 @@ def test_c_layers_equal_the_torch_loop_on_every_session_operation(target, float6
         assert _max_diff(fast, exact) <= ERROR_RATIO * float32_error
 
 
-def test_two_threads_give_the_c_layers_the_same_bits(target) -> None:
-    """Attention items are split across OpenMP threads, each with its own score buffer, and the panel
-    products split by panels: at 2 threads every logit equals the 1-thread one bit for bit."""
+@pytest.mark.parametrize("attention", ["auto", "tiled", "per_query"])
+def test_two_threads_give_the_c_layers_the_same_bits(target, attention: str) -> None:
+    """Attention items are split across OpenMP threads, each with its own scratch (the tiled attention's query
+    blocks do not depend on the thread count), and the panel products split by panels: at 2 threads every
+    logit equals the 1-thread one bit for bit."""
     lean = LeanModel.of(target)
     threads = torch.get_num_threads()
-    with PanelPacks(target.model):
+    with PanelPacks(target.model), forced_attention(attention):
         try:
             out = []
             for n in (1, 2):
@@ -150,6 +153,54 @@ def test_the_attention_exp_is_within_two_ulp_of_exp_and_zero_for_masked_keys() -
     tail = torch.tensor([-float("inf"), -88.0, -100.0, -1e30, -float("inf"), 0.0, 0.0])  # not a multiple of 8
     fn(tail.data_ptr(), tail.numel())
     assert tail[:5].eq(0).all() and tail[5:].eq(1).all()
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_the_tiled_attention_equals_the_per_query_one_and_the_torch_loop(target, float64_pass, isa: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiled attention (keys and values as panels, the scores and weighted values as panel products) against
+    its reference, the per-query attention, and the torch loop, on every session operation (causal and tree
+    masks, rows, a 240-token pass), on both panel kernels (where the CPU has AVX-512 the auto kernel's softmax
+    runs 16 lanes wide).  Both are float32 computations: each within ERROR_RATIO of float32's own error."""
+    float32_error = float64_pass[1]
+    lean = LeanModel.of(target)
+    with PanelPacks(target.model), forced_panel_isa(isa):
+        with forced_attention("tiled") as mode:
+            assert mode == attention_mode() == "tiled"
+            tiled = _run(lean, _session_script)
+        with forced_attention("per_query"):
+            per_query = _run(lean, _session_script)
+        _torch_loop(monkeypatch)
+        ref = _run(lean, _session_script)
+    assert attention_mode() == "auto"  # restored
+    assert _max_diff(tiled, per_query) <= ERROR_RATIO * float32_error
+    assert _max_diff(tiled, ref) <= ERROR_RATIO * float32_error
+    assert _max_diff(tiled, per_query) > 0  # two different computations ran (other summation orders)
+
+
+def test_an_unknown_attention_mode_is_one_clear_error() -> None:
+    with pytest.raises(InvalidInputError, match="attention must be one of auto, tiled, per_query"):
+        attention_mode("flash")
+    assert attention_mode() == "auto" and ATTENTIONS[0] == "auto"
+
+
+def test_the_16_lane_exp_gives_the_8_lane_exp_bits() -> None:
+    """exp16 (the tiled attention's AVX-512 softmax) is exp8's operations on 16 lanes: the same bits, masked and
+    saturated lanes included, on a length that leaves a tail."""
+    import ctypes
+
+    lib = panels.load_kernel_library()
+    f8, f16 = lib.lean_exp, lib.lean_exp16
+    f8.argtypes, f8.restype = [ctypes.c_void_p, ctypes.c_int], None
+    f16.argtypes, f16.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
+    gen = torch.Generator().manual_seed(1)
+    z = torch.cat([torch.rand(100_003, generator=gen) * 200 - 100,
+                   torch.tensor([-float("inf"), float("inf"), -87.3365, 88.3763, 0.0, -0.0, 1e-30])])
+    a, b = z.clone(), z.clone()
+    f8(a.data_ptr(), a.numel())
+    if f16(b.data_ptr(), b.numel()) < 0:
+        pytest.skip("this CPU has no AVX-512F: exp16 never runs here")
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def test_a_stale_weight_leaves_the_c_layers_and_is_refused(target) -> None:

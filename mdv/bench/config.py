@@ -155,7 +155,8 @@ class OracleBench:
 
 
 #: pass_limit.lean_compare's entries and what each changes in the lean pass on panels (PassLimitBench)
-LEAN_COMPARISONS = {"avx2_kernel": "the AVX2 panel kernel", "small_pages": "its panels on 4 KiB pages"}
+LEAN_COMPARISONS = {"avx2_kernel": "the AVX2 panel kernel", "small_pages": "its panels on 4 KiB pages",
+                    "per_query_attention": "the per-query attention"}
 
 
 @dataclass

@@ -25,7 +25,10 @@ its linears on the panels when ``panels`` is true, else plain.  ``lean_compare``
 lean pass with one thing changed as well, interleaved with it, so each ratio comes from one run:
 ``avx2_kernel`` forces the AVX2 panel kernel (the default is AVX-512 where the CPU has it;
 :func:`mdv.models.panels.panel_isa`), ``small_pages`` runs a second pack of the panels on 4 KiB pages
-(:mod:`mdv.models.hugepages`; its own lean session, so neither variant rebuilds the C layers' plan).
+(:mod:`mdv.models.hugepages`; its own lean session, so neither variant rebuilds the C layers' plan),
+``per_query_attention`` runs the C layers' attention one query at a time
+(:func:`mdv.models.lean_layer.forced_attention`; the default tiles it into panel products from 40 queries per
+key/value head on).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from mdv.bench.records import bench_record, goal_record, print_goals, print_tabl
 from mdv.bench.timing import ratios_of, spread, sync_for, time_call
 from mdv.models.hugepages import huge_page_empty, transparent_huge_pages_mode
 from mdv.models.lean import LeanModel
+from mdv.models.lean_layer import forced_attention
 from mdv.models.packed import LinearPacks, rung_for
 from mdv.models.panels import PanelPacks, forced_panel_isa, panel_isa
 
@@ -151,6 +155,9 @@ def run_pass_limit(cfg: PassLimitBench, target: Any = None, tiny: TinyPair | Non
                     if "avx2_kernel" in compare:  # the same lean pass on the AVX2 panel kernel
                         variants["lean_avx2_kernel"] = (_Both(panels, partial(forced_panel_isa, "avx2")),
                                                         partial(one_pass, new, lean_s))
+                    if "per_query_attention" in compare:  # the same lean pass, attention one query at a time
+                        variants["lean_per_query_attention"] = (_Both(panels, partial(forced_attention, "per_query")),
+                                                                partial(one_pass, new, lean_s))
                     if small_s is not None:  # the same lean pass on panels on 4 KiB pages
                         variants["lean_small_pages"] = (small_pages, partial(one_pass, new, small_s))
                     for _ in range(cfg.warmup):

@@ -3,8 +3,9 @@
 A torch loop over a Llama layer (:mod:`mdv.models.lean`) issues ~40 small operations, ~0.35-0.5 ms per layer
 on a CPU at decode sizes (measured on the default target at n = 1: 14.6 ms of a 52 ms pass outside the
 panel products).  ``kernels/lean_layer.c`` runs the same math (its docstring) around the panel products:
-RMSNorm, the fused q|k|v product, rotary, the cache write, attention, the output product, RMSNorm, the fused
-gate|up product, SiLU·up, the down product and both residual adds.  It is used when every layer of the model
+RMSNorm, the fused q|k|v product, rotary, the cache write, attention (one query at a time, or from 40 queries
+per key/value head on as panel products over the packed keys and values: :func:`attention_mode`), the output
+product, RMSNorm, the fused gate|up product, SiLU·up, the down product and both residual adds.  It is used when every layer of the model
 is on :class:`~mdv.models.panels.PanelPacks` with its sibling groups fused (float32, float16 or int8 panels), the
 input is float32 on the CPU and no gradient is needed; otherwise the torch loop runs (the reference, equal up
 to float32 rounding: ``tests/test_lean_layer.py``).
@@ -19,12 +20,14 @@ of the packs); :func:`run_layers` runs a pass.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
+from mdv.errors import InvalidInputError
 from mdv.models.panels import PANEL, SIBLING_GROUPS, _version_of, load_kernel_library
 
 _QKV, _GATE_UP = SIBLING_GROUPS
@@ -60,9 +63,37 @@ def _kernel() -> Any:
     fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(LeanWeights), ctypes.POINTER(LeanPass), ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     work = lib.lean_layer_work_floats
-    work.argtypes = [ctypes.c_int] * 11
+    work.argtypes = [ctypes.c_int] * 13
     work.restype = ctypes.c_long
     return fn, work
+
+
+#: the C layers' attention (lean_layer.c's ATTENTION_*): "tiled" packs each key/value head's keys and values as
+#: panels and runs the scores and the weighted values as panel products; "per_query" runs one query at a time
+#: (its reference); "auto" the tiled one where a key/value head has >= 40 queries (G·n; n >= 14 on the default
+#: target), the per-query one below, where packing costs more than it saves.  A 1-token pass always runs per
+#: query.  The two agree up to float32 rounding (tests/test_lean_layer.py).
+ATTENTIONS = ("auto", "tiled", "per_query")
+
+
+def attention_mode(request: str | None = None) -> str:
+    """The attention mode of the C layers (:data:`ATTENTIONS`); with ``request`` it is set first, for every
+    later pass in this process.  One clear error for an unknown name."""
+    fn = load_kernel_library().lean_attention_mode
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    if request is not None and request not in ATTENTIONS:
+        raise InvalidInputError(f"attention must be one of {', '.join(ATTENTIONS)}; got {request!r}")
+    return ATTENTIONS[fn(-1 if request is None else ATTENTIONS.index(request))]
+
+
+@contextlib.contextmanager
+def forced_attention(request: str) -> Iterator[str]:
+    """``with forced_attention("per_query"):`` runs the C layers' attention that way, then restores the mode."""
+    before = attention_mode()
+    try:
+        yield attention_mode(request)
+    finally:
+        attention_mode(before)
 
 
 def _ptr(t: Tensor | None) -> int | None:
@@ -142,7 +173,7 @@ def layer_plan(layers: Sequence[torch.nn.Module], H: int, Hkv: int, D: int, scal
     w0 = weights[0]
     shapes = {"d": w0.d, "qkv_n": max(w.qkv_n for w in weights), "o_n": max(w.o_n for w in weights),
               "gu_n": max(w.gu_n for w in weights), "down_n": max(w.down_n for w in weights),
-              "ffn": max(w.ffn for w in weights), "H": H, "D": D}
+              "ffn": max(w.ffn for w in weights), "H": H, "Hkv": Hkv, "D": D}
     return LayerPlan(key, weights, keep, watched, shapes)
 
 
@@ -157,7 +188,7 @@ def run_layers(plan: LayerPlan, x: Tensor, cos: Tensor, sin: Tensor, mask: Tenso
     threads = torch.get_num_threads()
     sh = plan.shapes
     work = torch.empty(plan.work_floats(R * n, sh["d"], sh["qkv_n"], sh["o_n"], sh["gu_n"], sh["down_n"], sh["H"], sh["D"],
-                                        sh["ffn"], S + n, threads), dtype=torch.float32)
+                                        sh["ffn"], S + n, threads, R, sh["Hkv"]), dtype=torch.float32)
     step = LeanPass(R=R, n=n, S=S, cos=cos.data_ptr(), sin=sin.data_ptr(), mask=_ptr(m),
                     row_stride=kv.stride(2), head_stride=kv.stride(3), work=work.data_ptr(), threads=threads)
     assert kv.stride(4) == kv.shape[5] and kv.stride(5) == 1, "the cache's positions are contiguous rows of D"

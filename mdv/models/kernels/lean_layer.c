@@ -12,7 +12,9 @@
  *   x <- x + o * W_o^T;  b = RMSNorm_2(x);  [g | u] = b * W_gu^T;  x <- x + (silu(g) * u) * W_d^T
  *
  * RMSNorm(z) = w * z / sqrt(mean(z^2) + eps) with the mean accumulated in double; softmax subtracts the row
- * maximum, takes exp 8-wide (exp8, within 1 ulp of expf) and sums in double.  Every other value is float32,
+ * maximum, takes exp 8-wide (exp8, within 1 ulp of expf; 16-wide exp16 gives the same values) and sums in double.
+ * The attention runs one query at a time (attention()) or, from 40 queries per key/value head on, as panel
+ * products over packed keys and values (tiled_attention(); lean_attention_mode chooses).  Every other value is float32,
  * so a layer here equals the torch loop up to float32 rounding (tests/test_lean_layer.py), not bit for bit.
  * Masks: NULL (n = 1: the query sees the whole cache and itself) or mask [n][S + n] (1 = visible; causal or
  * a token tree).
@@ -83,7 +85,9 @@ static float dot(const float* q, const float* k, int D) {
 static inline __m256 exp8(__m256 x) {
     const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447505531f);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);  /* also true for -inf */
-    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    /* those lanes compute exp(0) and are zeroed at the end: clamped to lo they made a subnormal product, which
+     * takes a microcode assist (a masked attention key cost ~2.5x an unmasked one) */
+    x = _mm256_blendv_ps(_mm256_min_ps(x, hi), _mm256_setzero_ps(), under);
     __m256 m = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
     x = _mm256_fnmadd_ps(m, _mm256_set1_ps(0.693359375f), x);
     x = _mm256_fnmadd_ps(m, _mm256_set1_ps(-2.12194440e-4f), x);
@@ -289,16 +293,251 @@ static void attention(const LeanWeights* W, const LeanPass* P, const float* wide
     }
 }
 
+/* ---- AVX-512 softmax rows for the tiled attention (chosen when the panel kernel runs AVX-512: panel_isa) */
+int panel_isa(int request);
+#define TARGET512 __attribute__((target("avx512f")))
+
+/* exp8 on 16 lanes: the same operations lane by lane, so the same values */
+TARGET512 static inline __m512 exp16(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365447505531f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_mask_mov_ps(_mm512_min_ps(x, hi), under, _mm512_setzero_ps());
+    __m512 m = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(m, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(m, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(m), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+}
+
+/* w [N] = softmax(s * scale, -inf where vis[j] == 0) of one query's scores s [N] (overwritten), as
+ * scale_mask_max, exp_shifted and sum_double do it: float32 exp of s - max, the sum in double (16 lanes, then
+ * the tail), w = e * (float)(1 / sum) */
+TARGET512 static void softmax_row16(float* restrict s, const unsigned char* restrict vis, float scale, int N,
+                                    float* restrict w) {
+    const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mv = ninf;
+    int j = 0;
+    for (; j + 16 <= N; j += 16) {
+        __m512 z = _mm512_mul_ps(_mm512_loadu_ps(s + j), sc);
+        if (vis) {
+            __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(vis + j)));
+            z = _mm512_mask_mov_ps(z, _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), ninf);
+        }
+        _mm512_storeu_ps(s + j, z);
+        mv = _mm512_max_ps(mv, z);
+    }
+    float mx = _mm512_reduce_max_ps(mv);
+    for (int i = j; i < N; i++) {
+        s[i] = vis && !vis[i] ? -INFINITY : s[i] * scale;
+        if (s[i] > mx) mx = s[i];
+    }
+    const __m512 sh = _mm512_set1_ps(mx);
+    __m512d a = _mm512_setzero_pd(), b = _mm512_setzero_pd();
+    for (j = 0; j + 16 <= N; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), sh));
+        _mm512_storeu_ps(s + j, e);
+        a = _mm512_add_pd(a, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        b = _mm512_add_pd(b, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    if (j < N) {
+        const __mmask16 k = (__mmask16)((1u << (N - j)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), sh)));
+        _mm512_mask_storeu_ps(s + j, k, e);
+        a = _mm512_add_pd(a, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        b = _mm512_add_pd(b, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    const __m512 inv = _mm512_set1_ps((float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(a, b))));
+    for (j = 0; j + 16 <= N; j += 16) _mm512_storeu_ps(w + j, _mm512_mul_ps(_mm512_loadu_ps(s + j), inv));
+    if (j < N) {
+        const __mmask16 k = (__mmask16)((1u << (N - j)) - 1);
+        _mm512_mask_storeu_ps(w + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), inv));
+    }
+}
+
+/* the same on 8 lanes (attention()'s own functions) */
+static void softmax_row8(float* restrict s, const unsigned char* restrict vis, float scale, int N, float* restrict w) {
+    float mx = scale_mask_max(s, vis, scale, N);
+    exp_shifted(s, mx, N);  /* exp(-inf) = 0: masked keys drop out */
+    float inv = (float)(1.0 / sum_double(s, N));
+    for (int j = 0; j < N; j++) w[j] = s[j] * inv;
+}
+
+/* dst[i][c] = src[c][i] for an 8 x 8 block of floats (rows src_stride and dst_stride floats apart) */
+static inline void transpose8x8(const float* src, size_t src_stride, float* dst, size_t dst_stride) {
+    __m256 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (size_t)i * src_stride);
+    for (int i = 0; i < 8; i += 2) { t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]); t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]); }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + (size_t)i * dst_stride, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(i + 4) * dst_stride, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+    }
+}
+
+/* z [N] <- exp(z) through exp16 (exported for tests/test_lean_layer.py, which checks it gives exp8's bits);
+ * returns -1, leaving z, on a CPU without AVX-512F */
+int lean_exp16(float* z, int N);
+TARGET512 static void exp16_all(float* z, int N) {
+    int i = 0;
+    for (; i + 16 <= N; i += 16) _mm512_storeu_ps(z + i, exp16(_mm512_loadu_ps(z + i)));
+    if (i < N) {
+        const __mmask16 k = (__mmask16)((1u << (N - i)) - 1);
+        _mm512_mask_storeu_ps(z + i, k, exp16(_mm512_maskz_loadu_ps(k, z + i)));
+    }
+}
+int lean_exp16(float* z, int N) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) return -1;
+    exp16_all(z, N);
+    return 0;
+}
+
+/* Queries per work item of the tiled attention (below): its products then have ~14-24 rows, the panel kernel's
+ * register blocks.  Fixed, not derived from the thread count, so 1 and 2 threads give the same bits. */
+#define ATT_QC 24
+
+static inline int round16(int x) { return (x + 15) & ~15; }
+
+/* The tiled attention's scratch in floats: the keys as panels [R*Hkv][keys16/16][D][16], the values as panels
+ * [R*Hkv][D16/16][keys][16], and per thread ATT_QC queries, their scores, weights and outputs. */
+static long tiled_attention_floats(int R, int Hkv, int D, int keys, int threads) {
+    const long keys16 = round16(keys), D16 = round16(D);  /* + 16: room to start the panels on a cache line */
+    return 16 + (long)R * Hkv * (keys16 * D + D16 * keys) + (long)threads * round16(ATT_QC * (D + keys16 + keys + D16));
+}
+
+/* The same attention as :c:func:`attention` for passes of n >= 2 new tokens, as panel products: the G * n
+ * queries of key/value head g read the same keys and values, so per (row, g) the keys are packed once as
+ * panels of 16 keys (kernels/panel_linear.c's layout of a weight [keys, D]) and the values as panels of 16
+ * columns (a weight [D, keys]); then for each block of <= ATT_QC queries Q:
+ *
+ *   S = Q K^T  (panel_linear, M = |Q| rows),  W = softmax(S * scale + mask) row by row,  O = W V  (panel_linear)
+ *
+ * Per query the softmax is attention()'s (scale_mask_max, exp_shifted, sum_double) and O sums the weighted
+ * values in key order (a masked key adds 0); S sums over D in the panel kernel's order instead of dot()'s
+ * 8-wide partial sums (float32 rounding apart, the same values); where the products run AVX-512 the softmax
+ * runs 16 lanes wide (softmax_row16: exp16 gives exp8's values).  Why: attention() runs one query at a time
+ * with 8-wide FMAs, a load per FMA and a horizontal reduction per 8 keys.  On the default target at n = 33
+ * (128 cached tokens, 1 thread) it took 7.5-8.0 ms of a ~80 ms pass, this one 5.0-5.9 ms: packing 1.1-1.3 ms
+ * (mostly reading the cold cache: 0.25 ms when warm), the two products 1.5-1.8 ms each (~105 GFLOP/s), the
+ * softmax 1.0 ms.  Below TILED_MIN_QUERIES queries per key/value head the packing costs more than it saves. */
+static void tiled_attention(const LeanWeights* W, const LeanPass* P, const float* wide, const float* kc,
+                            const float* vc, float* heads, float* work) {
+    const int D = W->D, H = W->H, Hkv = W->Hkv, n = P->n, R = P->R, G = H / Hkv, keys = P->S + n;
+    const int keys16 = round16(keys), D16 = round16(D), groups = R * Hkv;
+    const int threads = P->threads > 0 ? P->threads : 1;
+    float* kp = (float*)(((size_t)work + 63) & ~(size_t)63);  /* [groups][keys16 / 16][D][16] */
+    float* vp = kp + (size_t)groups * keys16 * D;         /* [groups][D16 / 16][keys][16] */
+    float* scratch = vp + (size_t)groups * D16 * keys;    /* [threads][ATT_QC * (D + keys16 + keys + D16)] */
+    const size_t per_thread = round16(ATT_QC * (D + keys16 + keys + D16));  /* whole lines: no sharing */
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int pi = 0; pi < 2 * groups; pi++) {  /* the keys (even pi) and the values (odd pi) of every group */
+        const int gi = pi / 2, r = gi / Hkv, g = gi % Hkv;
+        const float* kb = kc + (size_t)r * P->row_stride + (size_t)g * P->head_stride;  /* [keys][D] */
+        const float* vb = vc + (size_t)r * P->row_stride + (size_t)g * P->head_stride;
+        float* kd = kp + (size_t)gi * keys16 * D;
+        float* vd = vp + (size_t)gi * D16 * keys;
+        if (pi % 2 == 0) for (int j0 = 0; j0 < keys16; j0 += 16) {  /* panel j0 / 16: line e = (K[j0..j0+15][e]), keys past the end 0 */
+            float* panel = kd + (size_t)j0 * D;
+            for (int h = 0; h < 16; h += 8) {  /* keys j0+h..j0+h+7: columns h..h+7 of the panel's lines */
+                const int w = keys - j0 - h < 0 ? 0 : keys - j0 - h < 8 ? keys - j0 - h : 8;
+                int e = 0;
+                if (w == 8)
+                    for (; e + 8 <= D; e += 8) transpose8x8(kb + (size_t)(j0 + h) * D + e, D, panel + (size_t)e * 16 + h, 16);
+                for (; e < D; e++) {
+                    float* line = panel + (size_t)e * 16 + h;
+                    for (int c = 0; c < w; c++) line[c] = kb[(size_t)(j0 + h + c) * D + e];
+                    for (int c = w; c < 8; c++) line[c] = 0.0f;
+                }
+            }
+        }
+        else for (int c0 = 0; c0 < D16; c0 += 16) {  /* panel c0 / 16: line j = V[j][c0..c0+15], columns past D 0 */
+            float* panel = vd + (size_t)c0 * keys;
+            const int w = D - c0 < 16 ? D - c0 : 16;
+            for (int j = 0; j < keys; j++) {
+                float* line = panel + (size_t)j * 16;
+                const float* row = vb + (size_t)j * D + c0;
+                for (int c = 0; c < w; c++) line[c] = row[c];
+                for (int c = w; c < 16; c++) line[c] = 0.0f;
+            }
+        }
+    }
+    const int nq = G * n, chunks = (nq + ATT_QC - 1) / ATT_QC, items = groups * chunks;
+    const int wide16 = panel_isa(-1) == 2;  /* the softmax on 16 lanes where the products run AVX-512 */
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int it = 0; it < items; it++) {
+        const int gi = it / chunks, c = it % chunks, r = gi / Hkv, g = gi % Hkv;
+        const int q0 = (int)((long)c * nq / chunks), m = (int)((long)(c + 1) * nq / chunks) - q0;
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float* qs = scratch + (size_t)tid * per_thread;   /* [m][D] queries, (head, token) order */
+        float* ss = qs + (size_t)ATT_QC * D;               /* [m][keys16] scores */
+        float* ws = ss + (size_t)ATT_QC * keys16;          /* [m][keys] weights */
+        float* os = ws + (size_t)ATT_QC * keys;            /* [m][D16] outputs */
+        for (int i = 0; i < m; i++) {
+            const int q = q0 + i, h = g * G + q / n, t = q % n;
+            memcpy(qs + (size_t)i * D, wide + (size_t)(r * n + t) * W->qkv_n + (size_t)h * D, sizeof(float) * D);
+        }
+        panel_linear(qs, kp + (size_t)gi * keys16 * D, NULL, ss, m, keys16, D, 1);
+        for (int i = 0; i < m; i++) {
+            const int t = (q0 + i) % n;
+            const unsigned char* vis = P->mask ? P->mask + (size_t)t * keys : NULL;
+            if (wide16) softmax_row16(ss + (size_t)i * keys16, vis, W->scale, keys, ws + (size_t)i * keys);
+            else softmax_row8(ss + (size_t)i * keys16, vis, W->scale, keys, ws + (size_t)i * keys);
+        }
+        panel_linear(ws, vp + (size_t)gi * D16 * keys, NULL, os, m, D16, keys, 1);
+        for (int i = 0; i < m; i++) {
+            const int q = q0 + i, h = g * G + q / n, t = q % n;
+            memcpy(heads + (size_t)(r * n + t) * H * D + (size_t)h * D, os + (size_t)i * D16, sizeof(float) * D);
+        }
+    }
+}
+
+/* Which attention a pass runs.  ATTENTION_AUTO: tiled_attention() when a key/value head has at least
+ * TILED_MIN_QUERIES queries (G * n), else attention(); ATTENTION_TILED: tiled_attention() whenever n >= 2;
+ * ATTENTION_PER_QUERY: attention() always (the reference the tests and the pass_limit benchmark compare with).
+ * A pass of one token (no mask) always runs attention().  lean_attention_mode(request) sets the mode
+ * (request < 0: leave it) and returns the mode in force.
+ *
+ * The threshold, measured on the default target (G = 3, 128 cached tokens, 1 thread, whole lean passes
+ * interleaved): tiled / per-query 1.01-1.02x at n = 5-9, 1.00x at n = 11-13, 0.98x at 17, 0.97x at 25-33 (at
+ * n <= 9 packing the keys and values costs more than the products save). */
+enum { ATTENTION_AUTO = 0, ATTENTION_TILED = 1, ATTENTION_PER_QUERY = 2 };
+#define TILED_MIN_QUERIES 40
+static int attention_mode = ATTENTION_AUTO;
+
+int lean_attention_mode(int request) {
+    if (request >= ATTENTION_AUTO && request <= ATTENTION_PER_QUERY) attention_mode = request;
+    return attention_mode;
+}
+
 /* z [N] <- exp(z) through the attention's exp8 (exported for tests/test_lean_layer.py, which checks its error
  * against a float64 exp) */
 void lean_exp(float* z, int N) { exp_shifted(z, 0.0f, N); }
 
 /* The scratch a call needs, in floats: normed [T, d], wide [T, max(qkv_n, gu_n)], heads [T, H*D],
- * proj [T, max(o_n, down_n)], mid [T, ffn], scores [threads][S + n]. */
+ * proj [T, max(o_n, down_n)], mid [T, ffn], then the attention's scratch: scores [threads][S + n] (n = 1) or
+ * tiled_attention's (n >= 2). */
 long lean_layer_work_floats(int T, int d, int qkv_n, int o_n, int gu_n, int down_n, int H, int D, int ffn,
-                            int keys, int threads) {
+                            int keys, int threads, int R, int Hkv) {
     long wide = qkv_n > gu_n ? qkv_n : gu_n, proj = o_n > down_n ? o_n : down_n;
-    return (long)T * (d + wide + (long)H * D + proj + ffn) + (long)keys * (threads > 0 ? threads : 1);
+    threads = threads > 0 ? threads : 1;
+    long attend = (long)keys * threads, tiled = tiled_attention_floats(R, Hkv, D, keys, threads);
+    return (long)T * (d + wide + (long)H * D + proj + ffn) + (tiled > attend ? tiled : attend);
 }
 
 /* x [T, d] <- the layer's output, in place.  Returns 0, 1 on inconsistent shapes, 2 when a panel product
@@ -312,25 +551,28 @@ int lean_layer(float* x, const LeanWeights* W, const LeanPass* P, float* kc, flo
     float* heads = wide + (size_t)T * (W->qkv_n > W->gu_n ? W->qkv_n : W->gu_n);  /* [T, H*D] */
     float* proj = heads + (size_t)T * H * D;                                  /* [T, max(o_n, down_n)] */
     float* mid = proj + (size_t)T * (W->o_n > W->down_n ? W->o_n : W->down_n);    /* [T, ffn] */
-    float* scores = mid + (size_t)T * W->ffn;                                 /* [threads][keys] */
+    float* scores = mid + (size_t)T * W->ffn;                                 /* the attention's scratch */
 
     rms_norm(x, W->ln1, W->eps, normed, T, d);
     if (linear(W->weight_kind, normed, W->qkv, W->qkv_b, wide, T, W->qkv_n, d, threads)) return 2;
-    for (int r = 0; r < P->R; r++)
-        for (int t = 0; t < n; t++) {
-            float* row = wide + (size_t)(r * n + t) * W->qkv_n;
-            const float* cs = P->cos + (size_t)(r * n + t) * D;
-            const float* sn = P->sin + (size_t)(r * n + t) * D;
-            for (int h = 0; h < H; h++) rotary(row + (size_t)h * D, cs, sn, D);
-            for (int h = 0; h < W->Hkv; h++) {
-                float* k = row + W->k_off + (size_t)h * D;
-                rotary(k, cs, sn, D);
-                size_t at = (size_t)r * P->row_stride + (size_t)h * P->head_stride + (size_t)(S + t) * D;
-                memcpy(kc + at, k, sizeof(float) * D);
-                memcpy(vc + at, row + W->v_off + (size_t)h * D, sizeof(float) * D);
-            }
+    for (int rt = 0; rt < T; rt++) {  /* token t of row r */
+        const int r = rt / n, t = rt % n;
+        float* row = wide + (size_t)(r * n + t) * W->qkv_n;
+        const float* cs = P->cos + (size_t)(r * n + t) * D;
+        const float* sn = P->sin + (size_t)(r * n + t) * D;
+        for (int h = 0; h < H; h++) rotary(row + (size_t)h * D, cs, sn, D);
+        for (int h = 0; h < W->Hkv; h++) {
+            float* k = row + W->k_off + (size_t)h * D;
+            rotary(k, cs, sn, D);
+            size_t at = (size_t)r * P->row_stride + (size_t)h * P->head_stride + (size_t)(S + t) * D;
+            memcpy(kc + at, k, sizeof(float) * D);
+            memcpy(vc + at, row + W->v_off + (size_t)h * D, sizeof(float) * D);
         }
-    attention(W, P, wide, kc, vc, heads, scores);
+    }
+    const int tiled = n >= 2 && (attention_mode == ATTENTION_TILED
+                                 || (attention_mode == ATTENTION_AUTO && H / W->Hkv * n >= TILED_MIN_QUERIES));
+    if (tiled) tiled_attention(W, P, wide, kc, vc, heads, scores);
+    else attention(W, P, wide, kc, vc, heads, scores);
     if (linear(W->weight_kind, heads, W->o, W->o_b, proj, T, W->o_n, H * D, threads)) return 2;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < d; i++) x[(size_t)t * d + i] += proj[(size_t)t * W->o_n + i];
