@@ -1,8 +1,8 @@
 """The lean forward's C layers (mdv.models.lean_layer, kernels/lean_layer.c) against the torch loop they
 replace (the reference) on the same panels and against a float64 pass: every session operation (rows, fork,
 keep, crop, a token tree, cache growth), float32, float16 and int8 panels, head sizes off the 8-wide path (12), on
-it (16) and on the 64-column value blocks with a remainder (72), and the fallbacks (a stale weight, a model
-not on fused panels)."""
+it (16) and on the 64-column value blocks with a remainder (72), the tiled attention against the per-query
+one, and the fallbacks (a stale weight, a model not on fused panels)."""
 from __future__ import annotations
 
 import copy

@@ -3,12 +3,12 @@
 A torch loop over a Llama layer (:mod:`mdv.models.lean`) issues ~40 small operations, ~0.35-0.5 ms per layer
 on a CPU at decode sizes (measured on the default target at n = 1: 14.6 ms of a 52 ms pass outside the
 panel products).  ``kernels/lean_layer.c`` runs the same math (its docstring) around the panel products:
-RMSNorm, the fused q|k|v product, rotary, the cache write, attention (one query at a time, or from 40 queries
-per key/value head on as panel products over the packed keys and values: :func:`attention_mode`), the output
-product, RMSNorm, the fused gate|up product, SiLU·up, the down product and both residual adds.  It is used when every layer of the model
-is on :class:`~mdv.models.panels.PanelPacks` with its sibling groups fused (float32, float16 or int8 panels), the
-input is float32 on the CPU and no gradient is needed; otherwise the torch loop runs (the reference, equal up
-to float32 rounding: ``tests/test_lean_layer.py``).
+RMSNorm, the fused q|k|v product, rotary, the cache write, attention (one query at a time, or from 40
+queries per key/value head on as panel products over the packed keys and values: :func:`attention_mode`),
+the output product, RMSNorm, the fused gate|up product, SiLU·up, the down product and both residual adds.
+It is used when every layer of the model is on :class:`~mdv.models.panels.PanelPacks` with its sibling
+groups fused (float32, float16 or int8 panels), the input is float32 on the CPU and no gradient is needed;
+otherwise the torch loop runs (the reference, equal up to float32 rounding: ``tests/test_lean_layer.py``).
 
 Measured on the default target at 1 thread (interleaved with the torch loop on the same panels): a pass of
 1 new token 48 -> 35 ms, 5 tokens 63-72 -> 55, 13 tokens 96-100 -> 86-88; the float16 draft's step 3.9-4.3 ->
