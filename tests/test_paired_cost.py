@@ -127,8 +127,9 @@ def test_target_time_interpolates_linearly_between_measured_counts() -> None:
 
 
 def test_measured_node_counts_and_synthetic_trees() -> None:
-    assert measured_node_counts(33) == [1, 2, 3, 5, 9, 17, 33]
-    assert measured_node_counts(25) == [1, 2, 3, 5, 9, 17, 25]
+    assert measured_node_counts(33) == [1, 2, 3, 5, 7, 9, 13, 17, 25, 33]
+    assert measured_node_counts(25) == [1, 2, 3, 5, 7, 9, 13, 17, 25]
+    assert measured_node_counts(13) == [1, 2, 3, 5, 7, 9, 13]
     assert measured_node_counts(5) == [1, 2, 3, 5]
     gen = torch.Generator().manual_seed(0)
     for K, L in ((4, 8), (2, 2), (3, 1)):

@@ -45,8 +45,9 @@ Two cost sources plug into (2):
   (``mdv/conf/cost/*.yaml``, :func:`load_cost_profile`), for predicting another machine (e.g. a GPU, where
   the pass is memory-bound and extra tree positions are nearly free) from the same per-context tokens.
 
-``target_s`` is measured at a subset of node counts (1, 2, 3, 5, 9, 17, 33, ... = 1 + 2^j, and exactly
-n_max = K_max·L_max + 1) and **linearly interpolated** in between (:meth:`Calibration.target_time`).
+``target_s`` is measured at a subset of node counts (1, 2, 3, 5, 7, 9, 13, 17, 25, 33, ... = 1 + 2^j and
+1 + 3·2^j, and exactly n_max = K_max·L_max + 1: :func:`measured_node_counts`) and **linearly interpolated** in
+between (:meth:`Calibration.target_time`).
 """
 from __future__ import annotations
 
@@ -469,11 +470,18 @@ def predict_speedup(tokens_per_iter: np.ndarray, nodes: np.ndarray, clusters: np
 
 # ====================================================================================== calibration run
 def measured_node_counts(n_max: int) -> list[int]:
-    """The node counts ``calibrate`` times: 1, 2, then 1 + 2^j below n_max, and n_max itself."""
+    """The node counts ``calibrate`` times: 1, 2, then 1 + 2^j and 1 + 3·2^j below n_max, and n_max itself.
+
+    Between them the pass time is interpolated linearly, and it is not linear in n: the products' row blocks
+    and the attention's switch to tiles make steps (on the panel kernel's 6-row blocks the interpolation
+    between 9 and 17 nodes missed a 13-node pass by 5.4 ms, 10%).  1 + 3·2^j adds the full trees 1 + K·L of
+    K = 3 with L = 2, 4, 8 (7, 13, 25 nodes: the speed check's spectr cells) for ~4 probes more."""
     pts = {1, min(2, n_max), n_max}
     j = 1
     while 1 + 2 ** j < n_max:
         pts.add(1 + 2 ** j)
+        if 1 + 3 * 2 ** j < n_max:
+            pts.add(1 + 3 * 2 ** j)
         j += 1
     return sorted(pts)
 
