@@ -134,7 +134,8 @@ KERNEL(4, signed char, LOAD_W8, EXTRA_W8, _i8) KERNEL(5, signed char, LOAD_W8, E
  * one broadcast of x feeds two FMAs: one broadcast load per FMA kept the kernel below the FMA peak.  On all of
  * the default target's shapes (its 121 linears, huge pages, 1 thread, each pass after a cache eviction):
  * 9 rows 49.1 -> 43.9 ms, 13 rows 63.6 -> 55.5, 17 rows 57.7 -> 51.5, 33 rows 98.4 -> 80.7 (1-5 rows: 40-42 ms,
- * the stream). */
+ * the stream).  Where the body is one block, the 1-2 split rows after it ride in the same pass
+ * (KERNEL512X2T): 7 rows 43.0 -> 38.1 ms, 8 rows 45.1 -> 39.4, 13 rows 46.7 -> 41.7 (6 and 12 rows: 36.4, 39.7). */
 #define MAX512 14  /* rows in a block: 2 x 14 accumulators, two weights and a broadcast in 32 zmm */
 #define CHUNK512 64
 #define TARGET512 __attribute__((target("avx512f")))
@@ -271,9 +272,104 @@ TARGET512 static void k512s_##MB##SUFFIX(const float* restrict x, const WT* rest
         k512x2_8##SUFFIX, k512x2_9##SUFFIX, k512x2_10##SUFFIX, k512x2_11##SUFFIX, k512x2_12##SUFFIX, k512x2_13##SUFFIX, \
         k512x2_14##SUFFIX};
 
+/* One block of MB rows (one chain each) and the T <= SPLIT_ROWS split rows after them (even and odd k in
+ * separate chains, k512s's order) over a pair of panels, in one pass: the last M % 6 rows of a pass whose body
+ * is one block no longer reread the pair from L2 one panel at a time after it (a 7- or 13-row pass took ~15%
+ * more than a 6- or 12-row one, all of it in those 1-2 rows).  The same bits as the two kernels it replaces.
+ * Registers: 2 MB + 4 T accumulators, two weights and a broadcast (MB <= 12 with T = 1, MB <= 10 with T = 2). */
+#define KERNEL512X2T(MB, T, WT, LOAD, EXTRA, SUFFIX)                                                        \
+TARGET512 static void k512x2t_##MB##_##T##SUFFIX(const float* restrict x, const WT* restrict panel,          \
+                                                const float* restrict b, float* restrict y, int N, int K, int n0, \
+                                                const WT* next) {                                          \
+    const WT* restrict panel1 = panel + (size_t)(K + EXTRA) * 16;                                          \
+    __m512 a[MB], c[MB], e0[T], e1[T], o0[T], o1[T];                                                       \
+    _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) { a[j] = _mm512_setzero_ps(); c[j] = _mm512_setzero_ps(); } \
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                                  \
+        e0[t] = _mm512_setzero_ps(); e1[t] = _mm512_setzero_ps(); o0[t] = _mm512_setzero_ps(); o1[t] = _mm512_setzero_ps(); } \
+    const float* xt = x + (size_t)MB * K;  /* the split rows */                                            \
+    int k = 0;                                                                                             \
+    for (; k + 2 <= K; k += 2) {                                                                           \
+        _mm_prefetch((const char*)(panel + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0);                     \
+        _mm_prefetch((const char*)(panel1 + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0);                    \
+        _mm_prefetch((const char*)(panel + 16 * (size_t)(k + 1 + PREFETCH)), _MM_HINT_T0);                 \
+        _mm_prefetch((const char*)(panel1 + 16 * (size_t)(k + 1 + PREFETCH)), _MM_HINT_T0);                \
+        if (next) {                                                                                        \
+            _mm_prefetch((const char*)(next + 16 * (size_t)k), _MM_HINT_T1);                               \
+            _mm_prefetch((const char*)(next + 16 * (size_t)k + 16), _MM_HINT_T1);                          \
+            _mm_prefetch((const char*)(next + (size_t)(K + EXTRA) * 16 + 16 * (size_t)k), _MM_HINT_T1);    \
+            _mm_prefetch((const char*)(next + (size_t)(K + EXTRA) * 16 + 16 * (size_t)k + 16), _MM_HINT_T1); \
+        }                                                                                                  \
+        __m512 w = LOAD(panel + 16 * (size_t)k), v = LOAD(panel1 + 16 * (size_t)k);                        \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
+            __m512 xb = _mm512_set1_ps(x[(size_t)j * K + k]);                                              \
+            a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                           \
+            c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                           \
+        }                                                                                                  \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                              \
+            __m512 xb = _mm512_set1_ps(xt[(size_t)t * K + k]);                                             \
+            e0[t] = _mm512_fmadd_ps(w, xb, e0[t]);                                                         \
+            e1[t] = _mm512_fmadd_ps(v, xb, e1[t]);                                                         \
+        }                                                                                                  \
+        w = LOAD(panel + 16 * (size_t)(k + 1)); v = LOAD(panel1 + 16 * (size_t)(k + 1));                   \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
+            __m512 xb = _mm512_set1_ps(x[(size_t)j * K + k + 1]);                                          \
+            a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                           \
+            c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                           \
+        }                                                                                                  \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                              \
+            __m512 xb = _mm512_set1_ps(xt[(size_t)t * K + k + 1]);                                         \
+            o0[t] = _mm512_fmadd_ps(w, xb, o0[t]);                                                         \
+            o1[t] = _mm512_fmadd_ps(v, xb, o1[t]);                                                         \
+        }                                                                                                  \
+    }                                                                                                      \
+    for (; k < K; k++) {  /* K odd: the last k joins the even chains, as in k512s */                       \
+        __m512 w = LOAD(panel + 16 * (size_t)k), v = LOAD(panel1 + 16 * (size_t)k);                        \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
+            __m512 xb = _mm512_set1_ps(x[(size_t)j * K + k]);                                              \
+            a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                           \
+            c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                           \
+        }                                                                                                  \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                              \
+            __m512 xb = _mm512_set1_ps(xt[(size_t)t * K + k]);                                             \
+            e0[t] = _mm512_fmadd_ps(w, xb, e0[t]);                                                         \
+            e1[t] = _mm512_fmadd_ps(v, xb, e1[t]);                                                         \
+        }                                                                                                  \
+    }                                                                                                      \
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { e0[t] = _mm512_add_ps(e0[t], o0[t]); e1[t] = _mm512_add_ps(e1[t], o1[t]); } \
+    if (EXTRA) {                                                                                           \
+        __m512 s0 = _mm512_loadu_ps((const float*)(const void*)(panel + 16 * (size_t)K));                  \
+        __m512 s1 = _mm512_loadu_ps((const float*)(const void*)(panel1 + 16 * (size_t)K));                 \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) { a[j] = _mm512_mul_ps(a[j], s0); c[j] = _mm512_mul_ps(c[j], s1); } \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { e0[t] = _mm512_mul_ps(e0[t], s0); e1[t] = _mm512_mul_ps(e1[t], s1); } \
+    }                                                                                                      \
+    if (b) {                                                                                               \
+        __m512 b0 = _mm512_loadu_ps(b + n0), b1 = _mm512_loadu_ps(b + n0 + 16);                            \
+        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) { a[j] = _mm512_add_ps(a[j], b0); c[j] = _mm512_add_ps(c[j], b1); } \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { e0[t] = _mm512_add_ps(e0[t], b0); e1[t] = _mm512_add_ps(e1[t], b1); } \
+    }                                                                                                      \
+    _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                                \
+        _mm512_storeu_ps(y + (size_t)j * N + n0, a[j]); _mm512_storeu_ps(y + (size_t)j * N + n0 + 16, c[j]); } \
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                                  \
+        _mm512_storeu_ps(y + (size_t)(MB + t) * N + n0, e0[t]); _mm512_storeu_ps(y + (size_t)(MB + t) * N + n0 + 16, e1[t]); } \
+}
+
+/* The one-block bodies a tail follows: the AVX2 kernel's blocks of 6 make the body a multiple of 6 (6 or 12 when
+ * it is one block of <= MAX512 rows) */
+#define KERNELS512X2T(WT, LOAD, EXTRA, SUFFIX)                                                              \
+    KERNEL512X2T(6, 1, WT, LOAD, EXTRA, SUFFIX) KERNEL512X2T(6, 2, WT, LOAD, EXTRA, SUFFIX)                 \
+    KERNEL512X2T(12, 1, WT, LOAD, EXTRA, SUFFIX)                                                           \
+    typedef void (*k512t##SUFFIX##_fn)(const float*, const WT*, const float*, float*, int, int, int, const WT*); \
+    static k512t##SUFFIX##_fn k512x2t##SUFFIX(int body, int tail) {                                        \
+        if (body == 6) return tail == 1 ? k512x2t_6_1##SUFFIX : tail == 2 ? k512x2t_6_2##SUFFIX : NULL;    \
+        return body == 12 && tail == 1 ? k512x2t_12_1##SUFFIX : NULL;                                      \
+    }
+
 KERNELS512(float, LOAD512_W32, EXTRA_W32, _f32)
 KERNELS512(unsigned short, LOAD512_W16, EXTRA_W16, _f16)
 KERNELS512(signed char, LOAD512_W8, EXTRA_W8, _i8)
+KERNELS512X2T(float, LOAD512_W32, EXTRA_W32, _f32)
+KERNELS512X2T(unsigned short, LOAD512_W16, EXTRA_W16, _f16)
+KERNELS512X2T(signed char, LOAD512_W8, EXTRA_W8, _i8)
 
 #define PANEL_LINEAR512(NAME, WT, EXTRA, SUFFIX)                                                            \
 TARGET512 static void NAME##_512(const float* x, const WT* P, const float* b, float* y, int M, int N, int K, int threads) { \
@@ -288,6 +384,11 @@ TARGET512 static void NAME##_512(const float* x, const WT* P, const float* b, fl
         /* a single block prefetches the next pair (when a whole pair follows) */                         \
         const WT* next = p + 3 < panels ? panel + (size_t)2 * (K + EXTRA) * 16 : NULL;                     \
         int n0 = 16 * p, m0 = 0;                                                                           \
+        k512t##SUFFIX##_fn fused = blocks == 1 && pair && tail ? k512x2t##SUFFIX(body, tail) : NULL;       \
+        if (fused) {  /* one block and the split rows in one pass over the pair */                         \
+            fused(x, panel, b, y, N, K, n0, next);                                                         \
+            continue;                                                                                      \
+        }                                                                                                  \
         /* several blocks take the panel CHUNK512 lines at a time, every block per chunk, so the weight stream   \
          * advances at one pace over the panel's whole compute; they leave the stream to the hardware prefetchers \
          * and the in-panel prefetch, which runs on into the next panel (the AVX-512 comment above) */          \
