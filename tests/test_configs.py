@@ -130,7 +130,8 @@ def test_the_main_job_is_the_paired_task_with_its_speed_check() -> None:
     assert {"sd", "spectr"} <= set(check.methods) and set(check.L) <= set(range(1, 5))
     validate_paired(p)
     assert run_config(["task=paired", "paired.K_max=2"]).task == Task.paired
-    # the plain path (README: on the fast one the speedup prediction misses its goal at K = 3, L = 4); the
+    # the plain path (README: on the fast one the unpaired speedup prediction missed its goal at K = 3, L = 4 in
+    # two of three runs); the
     # fast path is one override away and composes
     assert (cfg.models.linears.value, cfg.models.forward.value) == ("plain", "hf")
     fast = run_config(["experiment=main", "models.linears=auto", "models.forward=auto", "models.draft_panel_dtype=float16"])
