@@ -180,6 +180,24 @@ TARGET512 static void k512_##MB##SUFFIX(const float* restrict x, const WT* restr
     FINISH512(MB, WT, EXTRA)                                                                               \
 }
 
+/* Line KK of a pair of panels (w, v) into MB rows of XR (one chain each: a, c) -- the step both pair kernels
+ * take; declares w and v for what follows in the same block. */
+#define PAIR_STEP512(LOAD, KK, XR, MB)                                                                      \
+    __m512 w = LOAD(panel + 16 * (size_t)(KK)), v = LOAD(panel1 + 16 * (size_t)(KK));                      \
+    _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                                \
+        __m512 xb = _mm512_set1_ps((XR)[(size_t)j * K + (KK)]);                                            \
+        a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                               \
+        c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                               \
+    }
+
+/* ... and the T split rows of xt into the chains E0 (panel) and E1 (panel1), after PAIR_STEP512 */
+#define SPLIT_STEP512(KK, T, E0, E1)                                                                        \
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                                  \
+        __m512 xb = _mm512_set1_ps(xt[(size_t)t * K + (KK)]);                                             \
+        E0[t] = _mm512_fmadd_ps(w, xb, E0[t]);                                                             \
+        E1[t] = _mm512_fmadd_ps(v, xb, E1[t]);                                                             \
+    }
+
 /* The same rows over two neighbouring panels at once (32 columns): each broadcast of x[m, k] feeds two FMAs,
  * halving the loads per FMA (MB <= MAX512 rows).
  * Each column's sum is the single-panel kernel's, so the bits are the same. */
@@ -198,12 +216,7 @@ TARGET512 static void k512x2_##MB##SUFFIX(const float* restrict x, const WT* res
         _mm_prefetch((const char*)(panel1 + 16 * (size_t)(k + PREFETCH)), _MM_HINT_T0);                    \
         if (next) { _mm_prefetch((const char*)(next + 16 * (size_t)k), _MM_HINT_T1);                       \
                     _mm_prefetch((const char*)(next + (size_t)(K + EXTRA) * 16 + 16 * (size_t)k), _MM_HINT_T1); } \
-        __m512 w = LOAD(panel + 16 * (size_t)k), v = LOAD(panel1 + 16 * (size_t)k);                        \
-        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
-            __m512 xb = _mm512_set1_ps(xr[(size_t)j * K + k]);                                             \
-            a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                           \
-            c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                           \
-        }                                                                                                  \
+        PAIR_STEP512(LOAD, k, xr, MB)                                                                      \
     }                                                                                                      \
     if (k1 < K) {                                                                                          \
         _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
@@ -299,41 +312,11 @@ TARGET512 static void k512x2t_##MB##_##T##SUFFIX(const float* restrict x, const 
             _mm_prefetch((const char*)(next + (size_t)(K + EXTRA) * 16 + 16 * (size_t)k), _MM_HINT_T1);    \
             _mm_prefetch((const char*)(next + (size_t)(K + EXTRA) * 16 + 16 * (size_t)k + 16), _MM_HINT_T1); \
         }                                                                                                  \
-        __m512 w = LOAD(panel + 16 * (size_t)k), v = LOAD(panel1 + 16 * (size_t)k);                        \
-        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
-            __m512 xb = _mm512_set1_ps(x[(size_t)j * K + k]);                                              \
-            a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                           \
-            c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                           \
-        }                                                                                                  \
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                              \
-            __m512 xb = _mm512_set1_ps(xt[(size_t)t * K + k]);                                             \
-            e0[t] = _mm512_fmadd_ps(w, xb, e0[t]);                                                         \
-            e1[t] = _mm512_fmadd_ps(v, xb, e1[t]);                                                         \
-        }                                                                                                  \
-        w = LOAD(panel + 16 * (size_t)(k + 1)); v = LOAD(panel1 + 16 * (size_t)(k + 1));                   \
-        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
-            __m512 xb = _mm512_set1_ps(x[(size_t)j * K + k + 1]);                                          \
-            a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                           \
-            c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                           \
-        }                                                                                                  \
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                              \
-            __m512 xb = _mm512_set1_ps(xt[(size_t)t * K + k + 1]);                                         \
-            o0[t] = _mm512_fmadd_ps(w, xb, o0[t]);                                                         \
-            o1[t] = _mm512_fmadd_ps(v, xb, o1[t]);                                                         \
-        }                                                                                                  \
+        { PAIR_STEP512(LOAD, k, x, MB) SPLIT_STEP512(k, T, e0, e1) }       /* even k: the split rows' first chains */ \
+        { PAIR_STEP512(LOAD, k + 1, x, MB) SPLIT_STEP512(k + 1, T, o0, o1) }  /* odd k: their second */     \
     }                                                                                                      \
     for (; k < K; k++) {  /* K odd: the last k joins the even chains, as in k512s */                       \
-        __m512 w = LOAD(panel + 16 * (size_t)k), v = LOAD(panel1 + 16 * (size_t)k);                        \
-        _Pragma("GCC unroll 32") for (int j = 0; j < MB; j++) {                                            \
-            __m512 xb = _mm512_set1_ps(x[(size_t)j * K + k]);                                              \
-            a[j] = _mm512_fmadd_ps(w, xb, a[j]);                                                           \
-            c[j] = _mm512_fmadd_ps(v, xb, c[j]);                                                           \
-        }                                                                                                  \
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                              \
-            __m512 xb = _mm512_set1_ps(xt[(size_t)t * K + k]);                                             \
-            e0[t] = _mm512_fmadd_ps(w, xb, e0[t]);                                                         \
-            e1[t] = _mm512_fmadd_ps(v, xb, e1[t]);                                                         \
-        }                                                                                                  \
+        PAIR_STEP512(LOAD, k, x, MB) SPLIT_STEP512(k, T, e0, e1)                                           \
     }                                                                                                      \
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { e0[t] = _mm512_add_ps(e0[t], o0[t]); e1[t] = _mm512_add_ps(e1[t], o1[t]); } \
     if (EXTRA) {                                                                                           \
