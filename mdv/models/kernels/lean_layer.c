@@ -411,10 +411,11 @@ int lean_exp16(float* z, int N) {
 
 static inline int round16(int x) { return (x + 15) & ~15; }
 
-/* The tiled attention's scratch in floats: the keys as panels [R*Hkv][keys16/16][D][16], the values as panels
- * [R*Hkv][D16/16][keys][16], and per thread ATT_QC queries, their scores, weights and outputs. */
+/* The tiled attention's scratch in floats: 16 to start the panels on a cache line, the keys as panels
+ * [R*Hkv][keys16/16][D][16], the values as panels [R*Hkv][D16/16][keys][16], and per thread ATT_QC queries,
+ * their scores, weights and outputs. */
 static long tiled_attention_floats(int R, int Hkv, int D, int keys, int threads) {
-    const long keys16 = round16(keys), D16 = round16(D);  /* + 16: room to start the panels on a cache line */
+    const long keys16 = round16(keys), D16 = round16(D);
     return 16 + (long)R * Hkv * (keys16 * D + D16 * keys) + (long)threads * round16(ATT_QC * (D + keys16 + keys + D16));
 }
 
