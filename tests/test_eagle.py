@@ -298,6 +298,97 @@ def test_the_shipped_drafter_is_lossless_on_the_default_pair() -> None:
 
 
 # ---------------------------------------------------------------------------------- files and bad input
+# ---------------------------------------------------------------------------------- on weight panels
+@pytest.fixture(scope="module")
+def pair48(tmp_path_factory):
+    """A float32 tiny pair (panels run float32) and an eagle drafter file for its target."""
+    from mdv.models.panels import panel_kernel_status
+    from mdv.models.tiny_random import build_tiny_random_pair
+
+    ok, why = panel_kernel_status()
+    if not ok:
+        pytest.skip(why)
+    target, draft, _ = build_tiny_random_pair(vocab_size=96, seed=3, hidden_size=48, num_layers=2)
+    return target, draft, make_eagle_file(target, tmp_path_factory.mktemp("eagle48"), seed=2,
+                                          subset=list(range(0, 96, 2)) + [1, 3, 5])
+
+
+def test_on_panels_the_drafter_packs_its_own_linears(pair48) -> None:
+    """With the target on weight panels the drafter's fc, layer and subset head go on panels too: in the draft
+    model's panel dtype, float32 without one, or the ``panel_dtype`` option; with the target plain, nowhere."""
+    from mdv.models.panels import PanelPacks, panel_dtype_of
+
+    target, draft, file = pair48
+    plain = bound(target, file)
+    assert plain.panel_dtype is None and panel_dtype_of(plain.net) is None
+    with PanelPacks(target.model), PanelPacks(draft.model, dtype=torch.float16):
+        assert panel_dtype_of(target.model) == torch.float32 and panel_dtype_of(draft.model) == torch.float16
+        for drf_draft, option, want in ((draft, None, torch.float16), (None, None, torch.float32),
+                                        (draft, "int8", torch.int8), (None, "float16", torch.float16)):
+            drf = get_drafter("eagle", file=str(file), panel_dtype=option)
+            drf.bind(target, drf_draft)
+            assert drf.panel_dtype == want and panel_dtype_of(drf.net) == want
+            assert drf.head.head.__dict__["_mdv_panels"].dtype == want  # the subset head's rows
+            assert "_mdv_panels" in drf.net.fc.__dict__
+    with pytest.raises(InvalidInputError, match="panel_dtype"):
+        get_drafter("eagle", file=str(file), panel_dtype="bfloat16")
+
+
+@pytest.mark.parametrize("panel_dtype", ["float32", "int8"])
+def test_on_panels_recorded_q_is_the_reference_law_and_greedy_is_ar(pair48, panel_dtype: str) -> None:
+    """On panels (the target's in float32, the drafter's own in ``panel_dtype``, the lean forward) every q the
+    verifier saw is the drafter's reference law on the same panels, to float32 rounding (the cached steps and
+    the full recomputation multiply different row counts), and T = 0 still emits AR greedy's tokens."""
+    from mdv.models.lean import LeanModel
+    from mdv.models.panels import PanelPacks
+
+    target, _, file = pair48
+    lean = LeanModel.of(target)
+    prompt = [1, 5, 9, 13, 5, 9]
+    ar = generate(lean, None, prompt, "ar", temperature=0.0, max_new_tokens=24, eos_token_id=[]).tokens
+    with PanelPacks(target.model):
+        ar_panels = generate(lean, None, prompt, "ar", temperature=0.0, max_new_tokens=24, eos_token_id=[]).tokens
+        drf = get_drafter("eagle", file=str(file), panel_dtype=panel_dtype)
+        records: list[StepRecord] = []
+        for seed in range(2):
+            generate(lean, None, prompt, "spectr", K=3, L=3, max_new_tokens=16, seed=seed, eos_token_id=[],
+                     drafter=drf, on_step=records.append)
+        assert drf.panel_dtype == getattr(torch, panel_dtype)
+        worst, checked = 0.0, 0
+        for rec in records:
+            for k in range(rec.block.K):
+                for i in range(rec.block.L):
+                    ctx = list(rec.context) + rec.block.tokens[0, k, :i].tolist()
+                    ref = drf.reference_law(ctx, SamplingConfig(1.0), committed=len(rec.context))
+                    worst = max(worst, (rec.block.q[0, k, i] - ref).abs().max().item())
+                    checked += 1
+        greedy = {m: generate(lean, None, prompt, m, K=K, L=3, temperature=0.0, max_new_tokens=24, eos_token_id=[],
+                              drafter="eagle", drafter_options={"file": str(file), "panel_dtype": panel_dtype}).tokens
+                  for m, K in (("sd", 1), ("spectr", 3), ("mdbv", 3))}
+    print(f"{checked} laws, worst |q - reference| {worst:.2e}")
+    assert checked > 50 and worst < 1e-5, (checked, worst)
+    assert ar_panels == ar and all(tokens == ar for tokens in greedy.values()), (ar, ar_panels, greedy)
+
+
+def test_step_cost_times_both_paths_side_by_side(pair48) -> None:
+    """The recipe's step cost (eagle_report.json) times the target step and the drafter's on the plain path and
+    on the fast path (every panel dtype), and each ratio is its drafter's median over the target's."""
+    from mdv.distill.eagle import step_cost
+    from mdv.drafters.eagle import EAGLE_PANEL_DTYPES
+    from mdv.models.panels import panel_dtype_of
+
+    target, _, file = pair48
+    cost = step_cost(target.model, file, [1, 5, 9, 13, 5, 9], reps=3)
+    fast = cost["fast_path"]
+    assert set(cost["ms"]) == {"target", "eagle_1", "eagle_3"}
+    assert set(fast["ms"]) == {"target"} | {f"eagle_1_{d}" for d in EAGLE_PANEL_DTYPES}
+    for part in (cost, fast):
+        assert all(v > 0 for v in part["ms"].values())
+        for key, ratio in part["ratio_to_target"].items():
+            assert ratio == pytest.approx(part["ms"][key] / part["ms"]["target"], rel=2e-2)  # ms rounded to 1 us
+    assert panel_dtype_of(target.model) is None  # the packs are closed again
+
+
 def test_the_calibration_times_the_eagle_call(target3, eagle_file) -> None:
     """mdv.paired.cost.calibrate(drafter="eagle"): the drafter gets the prefill's features, every (K, L) call
     is timed, and the target is left as prefilled, still recording features (as in the engine)."""

@@ -300,20 +300,17 @@ def greedy_agreement(target: Any, net: EagleNet, head: EagleHead, tok: Any, held
                           " previous feature is the target's, 'second': the previous one is the drafter's own"}
 
 
-def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> dict[str, Any]:
-    """Median wall time (ms) of one target KV-cache step and one drafter step (1 and 3 rows), interleaved."""
-    from mdv.drafters.eagle import EagleDrafter
-    from mdv.models.hf import HFModel
+def _step_times(tgt: Any, drafters: list[tuple[str, Any, int]], prompt: list[int], reps: int) -> dict[str, float]:
+    """Median wall time (ms) of one KV-cache step of the target session ``tgt`` (key "target") and of one
+    drafted position of each bound drafter (key, drafter, K rows): its layer, norm, head and law.  The calls
+    interleave, two warm-up rounds dropped."""
     from mdv.models.sampling import SamplingConfig
 
-    tgt = HFModel(target)
     sess = tgt.new_session()
     sess.prefill(prompt[:-1])
-    drf = EagleDrafter(file=str(eagle_file))
-    drf.bind(tgt, None)
     sampling = SamplingConfig(1.0)
     g = torch.Generator().manual_seed(0)
-    times: dict[str, list[float]] = {"target": [], "eagle_1": [], "eagle_3": []}
+    times: dict[str, list[float]] = {"target": [], **{key: [] for key, _, _ in drafters}}
 
     def target_step() -> float:
         t0 = time.perf_counter()
@@ -322,7 +319,7 @@ def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> di
         sess.crop(len(prompt) - 1)
         return dt
 
-    def eagle_step(K: int) -> float:
+    def eagle_step(drf: Any, K: int) -> float:
         drf.prefill(prompt)
         drf.propose(prompt, K, 1, sampling, g)  # the prompt in the drafter's cache, forked into K rows
         h = torch.zeros(K, drf.net.hidden_size)
@@ -332,18 +329,53 @@ def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> di
         sampling.probs(drf.head(h))
         return time.perf_counter() - t0
 
+    calls = [("target", target_step)] + [(key, lambda d=drf, k=K: eagle_step(d, k)) for key, drf, K in drafters]
     with torch.inference_mode():
         for rep in range(reps + 2):
-            for key, fn in (("target", target_step), ("eagle_1", lambda: eagle_step(1)), ("eagle_3", lambda: eagle_step(3))):
+            for key, fn in calls:
                 dt = fn()
                 if rep >= 2:
                     times[key].append(dt)
-    med = {k: 1e3 * sorted(v)[len(v) // 2] for k, v in times.items()}
-    return {"ms": {k: round(v, 3) for k, v in med.items()},
-            "ratio_to_target": {k: round(v / med["target"], 4) for k, v in med.items() if k != "target"},
-            "context_tokens": len(prompt), "reps": reps,
-            "note": f"median single-token step with a KV cache; the drafter step is its layer plus norm and head"
-                    f" plus the law; CPU, {torch.get_num_threads()} thread(s), shared machine"}
+    return {k: 1e3 * sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> dict[str, Any]:
+    """Median wall time (ms) of one target KV-cache step and one drafter step (1 and 3 rows), interleaved, on
+    the plain path (transformers' forward, torch's linears) and, where the panel kernel runs, on mdv's fast path
+    (the target's lean forward on float32 weight panels; the drafter's own linears on panels in each dtype of
+    :data:`~mdv.drafters.eagle.EAGLE_PANEL_DTYPES`, its law computed as in a run)."""
+    from mdv.drafters.eagle import EAGLE_PANEL_DTYPES, EagleDrafter
+    from mdv.models.hf import HFModel
+    from mdv.models.lean import LeanModel
+    from mdv.models.panels import PanelPacks, panel_kernel_status
+
+    tgt = HFModel(target)
+
+    def bound(K: int, panel_dtype: str | None = None) -> Any:
+        drf = EagleDrafter(file=str(eagle_file), panel_dtype=panel_dtype)
+        drf.bind(tgt, None)
+        return drf
+
+    def summary(med: dict[str, float], note: str) -> dict[str, Any]:
+        return {"ms": {k: round(v, 3) for k, v in med.items()},
+                "ratio_to_target": {k: round(v / med["target"], 4) for k, v in med.items() if k != "target"},
+                "context_tokens": len(prompt), "reps": reps, "threads": torch.get_num_threads(), "note": note}
+
+    plain = _step_times(tgt, [("eagle_1", bound(1), 1), ("eagle_3", bound(3), 3)], prompt, reps)
+    out = summary(plain, "median single-token step with a KV cache; the drafter step is its layer plus norm and"
+                         " head plus the law; plain path (transformers' forward, torch's linears); CPU, shared machine")
+    ok, why = panel_kernel_status()
+    if not ok:
+        out["fast_path"] = {"skipped": why}
+        return out
+    with PanelPacks(target):
+        lean = LeanModel.of(tgt)
+        drafters = [(f"eagle_1_{d}", bound(1, d), 1) for d in EAGLE_PANEL_DTYPES]
+        fast = _step_times(lean, drafters, prompt, reps)
+    out["fast_path"] = summary(fast, "the same steps on mdv's fast path: the target's lean forward on float32 weight"
+                                     " panels; the drafter's fc, layer and subset head on panels in the dtype named"
+                                     " (models.draft_panel_dtype in a run), its layer on transformers' forward")
+    return out
 
 
 def run_recipe(cfg: DictConfig, out_dir: Path, command: str) -> dict[str, Any]:
@@ -387,9 +419,10 @@ def run_recipe(cfg: DictConfig, out_dir: Path, command: str) -> dict[str, Any]:
                    vocab_size=int(target.get_output_embeddings().weight.shape[0]), head_ids_file=head_file,
                    dtype=getattr(torch, str(cfg.output.weights_dtype)))
         report["data"], report["training"] = data_info, train_info
-    elif (out_dir / cfg.output.report).is_file():  # keep the training run's sections
+    elif (out_dir / cfg.output.report).is_file():  # keep the training run's sections (and its stages' notes)
         prev = json.loads((out_dir / cfg.output.report).read_text())
-        report.update({k: prev[k] for k in ("data", "training", "recipe", "config") if k in prev})
+        report.update({k: v for k, v in prev.items() if k not in ("evaluation", "files", "total_wall_seconds", "machine")})
+        report["evaluated_by"] = command
     net, _, ids = load_eagle(eagle_path)  # evaluate the drafter as shipped (fp16 weights, its head)
     head = EagleHead(target, ids)
     t0 = time.perf_counter()

@@ -46,8 +46,11 @@ from torch import Tensor
 from mdv.drafters.base import Draft, Drafter, draw_rows
 from mdv.drafters.registry import register_drafter
 from mdv.errors import InvalidInputError, MissingAssetError
+from mdv.models.panels import PANEL_DTYPES
 from mdv.models.sampling import SamplingConfig
 
+#: The weight dtypes of the panels the drafter's own linears can run on (option ``panel_dtype``).
+EAGLE_PANEL_DTYPES = tuple(str(d).removeprefix("torch.") for d in PANEL_DTYPES)
 #: The shipped eagle drafter of the default target (``mdv/assets_data/<EAGLE_NAME>.json``).
 EAGLE_NAME = "smollm2-135m-instruct-eagle"
 EAGLE_FORMAT = 1
@@ -229,13 +232,17 @@ class EagleDrafter(Drafter):
     name = "eagle"
     uses_target_features = True
 
-    def __init__(self, file: str | None = None, head: str = "subset") -> None:
+    def __init__(self, file: str | None = None, head: str = "subset", panel_dtype: str | None = None) -> None:
         if file is not None and not isinstance(file, (str, Path)):
             raise InvalidInputError(f"eagle drafter: file must be the path of an eagle JSON config; got {file!r}")
         if head not in ("subset", "full"):
             raise InvalidInputError(f"eagle drafter: head must be 'subset' or 'full'; got {head!r}")
+        if panel_dtype is not None and panel_dtype not in EAGLE_PANEL_DTYPES:
+            raise InvalidInputError(f"eagle drafter: panel_dtype must be one of {', '.join(EAGLE_PANEL_DTYPES)} or null"
+                                    f" (null: the draft model's panel dtype); got {panel_dtype!r}")
         self.file = None if file is None else str(file)
         self.head_choice = head
+        self.panel_dtype_choice = panel_dtype
         self.net: EagleNet | None = None
         self.target: Any = None
         self.head: EagleHead | None = None
@@ -245,9 +252,10 @@ class EagleDrafter(Drafter):
         self._feats: Tensor | None = None  # [N, d]: the target's features of positions 0..N-1
         self._n = 0
         self._rows = 1
+        self._panels: Any = None  # PanelPacks of the drafter's own linears (bind: on mdv's fast path)
 
     def options(self) -> dict[str, Any]:
-        return {"file": self.file, "head": self.head_choice}
+        return {"file": self.file, "head": self.head_choice, "panel_dtype": self.panel_dtype_choice}
 
     def bind(self, target: Any, draft: Any) -> int:
         from mdv.models.hf import HFModel, decoder_stack
@@ -264,11 +272,39 @@ class EagleDrafter(Drafter):
                 f"eagle drafter {path} was trained for another target (hidden size {cfg['hidden_size']}, vocabulary"
                 f" {cfg['vocab_size']}); this target has hidden size {d} and vocabulary {V}: train one for it with"
                 " `python experiments/train_eagle.py`")
-        self.net = net.to(device=target.device, dtype=target.dtype)
+        self.net = net.to(device=target.device, dtype=target.dtype).requires_grad_(False)
         self.target = target
         self.head = EagleHead(target.model, ids if self.head_choice == "subset" else None)
         self._embed = target.model.get_input_embeddings()
+        self._pack_on_panels(target, draft)
         return V
+
+    def _pack_on_panels(self, target: Any, draft: Any) -> None:
+        """Where the target's linears run on weight panels (mdv's fast path), the drafter's own linears (``fc``,
+        the layer's, the subset head's rows) run on panels too: in ``panel_dtype``, or by default in the dtype
+        of the draft model's panels (``models.draft_panel_dtype``; float32 without a draft on panels).  float16
+        and int8 round the drafter's weights, so they change its law q, which is still the law its tokens are
+        drawn from (every verifier stays exact).  A full head is the target's own ``lm_head``, already on the
+        target's panels."""
+        from mdv.models.default_pair import SubsetHead
+        from mdv.models.panels import PanelPacks, panel_dtype_of
+
+        self._panels = None  # the previous bind's packs go with its net
+        if panel_dtype_of(target.model) is None:
+            return
+        if self.panel_dtype_choice is not None:
+            dtype = getattr(torch, self.panel_dtype_choice)
+        else:
+            dtype = (panel_dtype_of(draft.model) if hasattr(draft, "model") else None) or torch.float32
+        own = torch.nn.ModuleDict({"net": self.net})
+        if isinstance(self.head.head, SubsetHead):
+            own["head"] = self.head.head
+        self._panels = PanelPacks(own, dtype=dtype).__enter__()  # left open: the modules are this drafter's own
+
+    @property
+    def panel_dtype(self) -> torch.dtype | None:
+        """The weight dtype of the panels the drafter's own linears run on (None: their own weights)."""
+        return None if self._panels is None else self._panels.dtype
 
     @property
     def max_context(self) -> int | None:

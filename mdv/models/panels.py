@@ -260,6 +260,17 @@ def panel_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
     return out
 
 
+def panel_dtype_of(model: torch.nn.Module) -> torch.dtype | None:
+    """The weight dtype of the panels ``model``'s linears run on now (an open :class:`PanelPacks` block on it),
+    or None where they run on their own weights.  A drafter that brings linears of its own (``eagle``) packs them
+    in the dtype the run gives its draft."""
+    for m, _ in panel_layers(model):
+        panels = m.__dict__.get("_mdv_panels")
+        if panels is not None:
+            return panels.dtype
+    return None
+
+
 def _panel_product(self: torch.nn.Module, x: Tensor) -> Tensor:
     """The replaced ``forward`` of an nn.Linear / ``project`` of a subset head: x · Wᵀ (+ b) on the panels."""
     weight = getattr(self, self._mdv_panel_weight)
