@@ -90,6 +90,50 @@ def test_recorded_q_equals_the_reference_law_along_generations(target3, eagle_fi
     assert worst < 1e-9, worst
 
 
+def test_the_layer_runs_on_the_lean_loop_and_transformers_is_its_fallback(target3, eagle_file, monkeypatch) -> None:
+    """The drafter's layer runs on the lean forward's layer loop (LeanLayerSession) where that loop runs it, on
+    transformers' forward and DynamicCache otherwise; both hold q to the reference law (transformers' forward,
+    no cache) along generations with accepts and rejects, and emit AR greedy's tokens at T = 0."""
+    import mdv.models.lean as lean_mod
+    from mdv.drafters.eagle import TransformersLayerSession
+    from mdv.models.lean import LeanLayerSession
+
+    ref = greedy_reference(target3, PROMPT, 16)
+    for forced_fallback, kind in ((False, LeanLayerSession), (True, TransformersLayerSession)):
+        if forced_fallback:
+            monkeypatch.setattr(lean_mod, "lean_layer_support", lambda dec, cfg=None, name=None: "forced for the test")
+        drf = bound(target3, eagle_file)
+        records: list[StepRecord] = []
+        generate(target3, None, PROMPT, "mdbv", K=2, L=3, max_new_tokens=16, seed=5, eos_token_id=[],
+                 drafter=drf, on_step=records.append)
+        assert isinstance(drf._cache, kind)
+        worst = max((rec.block.q[0, k, i] - drf.reference_law(list(rec.context) + rec.block.tokens[0, k, :i].tolist(),
+                                                                SamplingConfig(1.0), committed=len(rec.context))
+                     ).abs().max().item()
+                    for rec in records for k in range(rec.block.K) for i in range(rec.block.L))
+        assert worst < 1e-9, (kind, worst)
+        greedy = generate(target3, None, PROMPT, "spectr", K=3, L=3, temperature=0.0, max_new_tokens=16,
+                          eos_token_id=[], drafter=drf).tokens
+        assert greedy == ref, kind
+
+
+def test_the_lean_layer_session_refuses_misplaced_inputs(target3, eagle_file) -> None:
+    from mdv.models.lean import LeanLayerSession
+
+    drf = bound(target3, eagle_file)
+    sess = LeanLayerSession(drf.net.decoder)
+    d = drf.net.hidden_size
+    x = torch.zeros(1, 2, d, dtype=torch.float64)
+    assert sess.run(x, torch.arange(2).unsqueeze(0)).shape == (1, 2, d) and sess.length == 2
+    for bad_x, bad_pos in ((x, torch.arange(2).unsqueeze(0)),  # positions 0.. again: they must go on at 2
+                           (torch.zeros(2, 1, d, dtype=torch.float64), torch.full((2, 1), 2)),  # 2 rows, one held
+                           (torch.zeros(1, 3, d, dtype=torch.float64), torch.tensor([[2, 3]]))):  # 3 inputs, 2 positions
+        with pytest.raises(InvalidInputError, match="run\\(\\) takes"):
+            sess.run(bad_x, bad_pos)
+    with pytest.raises(InvalidInputError, match="runs LlamaDecoderLayer"):
+        LeanLayerSession(torch.nn.Module())
+
+
 def test_reference_law_depends_on_what_is_committed(target3, eagle_file) -> None:
     """The same tokens give another law when the last one is drafted (its feature the drafter's own), so the
     parity above can tell a drafter that used the wrong feature."""

@@ -341,7 +341,7 @@ def _step_times(tgt: Any, drafters: list[tuple[str, Any, int]], prompt: list[int
 
 def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> dict[str, Any]:
     """Median wall time (ms) of one target KV-cache step and one drafter step (1 and 3 rows), interleaved, on
-    the plain path (transformers' forward, torch's linears) and, where the panel kernel runs, on mdv's fast path
+    the plain path (torch's linears; the target on transformers' forward) and, where the panel kernel runs, on mdv's fast path
     (the target's lean forward on float32 weight panels; the drafter's own linears on panels in each dtype of
     :data:`~mdv.drafters.eagle.EAGLE_PANEL_DTYPES`, its law computed as in a run)."""
     from mdv.drafters.eagle import EAGLE_PANEL_DTYPES, EagleDrafter
@@ -363,7 +363,8 @@ def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> di
 
     plain = _step_times(tgt, [("eagle_1", bound(1), 1), ("eagle_3", bound(3), 3)], prompt, reps)
     out = summary(plain, "median single-token step with a KV cache; the drafter step is its layer plus norm and"
-                         " head plus the law; plain path (transformers' forward, torch's linears); CPU, shared machine")
+                         " head plus the law; plain path: the target on transformers' forward, the drafter's layer on"
+                         " the lean layer loop's torch operations, torch's linears; CPU, shared machine")
     ok, why = panel_kernel_status()
     if not ok:
         out["fast_path"] = {"skipped": why}
@@ -373,8 +374,8 @@ def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> di
         drafters = [(f"eagle_1_{d}", bound(1, d), 1) for d in EAGLE_PANEL_DTYPES]
         fast = _step_times(lean, drafters, prompt, reps)
     out["fast_path"] = summary(fast, "the same steps on mdv's fast path: the target's lean forward on float32 weight"
-                                     " panels; the drafter's fc, layer and subset head on panels in the dtype named"
-                                     " (models.draft_panel_dtype in a run), its layer on transformers' forward")
+                                     " panels; the drafter's fc, layer (one C call) and subset head on panels in the"
+                                     " dtype named (models.draft_panel_dtype in a run)")
     return out
 
 

@@ -30,7 +30,14 @@ from the target's once the target has scored them (so q depends on the committed
 rejected drafts).  A caller without recorded features (a bare ``prefill`` + ``propose``, the paired
 measurement) gets the missing ones from one full target pass.  :meth:`EagleDrafter.reference_law`
 recomputes everything from the context: one full target pass, then the layer over the whole sequence
-once per drafted position, without a cache.
+once per drafted position, without a cache, on transformers' forward.
+
+The cached steps run the layer on the lean forward's layer loop (:class:`~mdv.models.lean.LeanLayerSession`:
+a preallocated cache, ``fork``/``keep``/``crop`` as the target's sessions) where it runs a Llama layer, else on
+transformers' forward and a ``DynamicCache`` (:class:`TransformersLayerSession`).  Where the target's linears
+run on weight panels (mdv's fast path), the drafter's own linears do too, in the draft model's panel dtype or
+``panel_dtype`` (:meth:`EagleDrafter._pack_on_panels`), and the layer is then one C call
+(:mod:`mdv.models.lean_layer`).
 """
 from __future__ import annotations
 
@@ -98,10 +105,14 @@ class EagleNet(torch.nn.Module):
     def hidden_size(self) -> int:
         return int(self.config.hidden_size)
 
+    def fuse(self, prev: Tensor, emb: Tensor) -> Tensor:
+        """The layer's inputs ``z_j = W_fc [f_{j-1}; e(x_j)] + b_fc``: prev, emb [R, n, d] -> z [R, n, d]."""
+        return self.fc(torch.cat([prev, emb], -1))
+
     def forward(self, prev: Tensor, emb: Tensor, cache: Any = None, position_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> Tensor:
         """prev: [R, n, d] the features f_{j-1}; emb: [R, n, d] the embeddings e(x_j); -> ĥ [R, n, d]."""
-        z = self.fc(torch.cat([prev, emb], -1))  # [R, n, d]
+        z = self.fuse(prev, emb)  # [R, n, d]
         kw: dict[str, Any] = {"inputs_embeds": z, "use_cache": cache is not None}
         if cache is not None:
             kw[self._cache_kw] = cache
@@ -225,6 +236,51 @@ def target_features(model: Any, ids: Sequence[int]) -> Tensor:
     return got[-1][0]
 
 
+class TransformersLayerSession:
+    """The drafter's layer on transformers' forward and a ``DynamicCache``, with the interface of
+    :class:`~mdv.models.lean.LeanLayerSession` (``run``, ``fork``, ``keep``, ``crop``, ``length``): for a
+    layer the lean loop does not run (a non-Llama target's)."""
+
+    def __init__(self, net: EagleNet) -> None:
+        self.net = net
+        self.cache = self._new_cache()
+        self.rows = 1
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.net.config)
+        except TypeError:  # transformers 4.x
+            return DynamicCache()
+
+    @property
+    def length(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    def run(self, z: Tensor, positions: Tensor) -> Tensor:
+        """z [R, n, d] at ``positions`` [R, n] -> the layer's output [R, n, d]."""
+        kw = {"inputs_embeds": z, "use_cache": True, self.net._cache_kw: self.cache, "position_ids": positions}
+        return self.net.decoder(**kw).last_hidden_state
+
+    def fork(self, k: int) -> None:
+        if k > 1:
+            self.cache.batch_repeat_interleave(k)
+        self.rows = k
+
+    def keep(self, row: int) -> None:
+        if self.rows > 1:
+            self.cache.batch_select_indices(torch.tensor([row], device=self.net.fc.weight.device))
+        self.rows = 1
+
+    def crop(self, length: int) -> None:
+        held = self.length
+        if length == 0:
+            self.cache = self._new_cache()
+        elif held > length:
+            self.cache.crop(length - held)  # transformers 5 crops by a negative count
+
+
 @register_drafter
 class EagleDrafter(Drafter):
     """One decoder layer over the target's features (module docstring)."""
@@ -312,12 +368,14 @@ class EagleDrafter(Drafter):
 
     # ------------------------------------------------------------------ state
     def _new_cache(self) -> Any:
-        from transformers import DynamicCache
+        """The layer's session: the lean forward's layer loop (:class:`~mdv.models.lean.LeanLayerSession`: a
+        preallocated cache, one C call per layer on panels) where it runs the layer, else transformers'."""
+        from mdv.models.lean import LeanLayerSession, lean_layer_support
 
-        try:
-            return DynamicCache(config=self.net.config)
-        except TypeError:  # transformers 4.x
-            return DynamicCache()
+        assert self.net is not None
+        if lean_layer_support(self.net.decoder) is None:
+            return LeanLayerSession(self.net.decoder)
+        return TransformersLayerSession(self.net)
 
     def prefill(self, prompt: Sequence[int]) -> None:
         assert self.net is not None, "bind() before prefill()"
@@ -334,7 +392,7 @@ class EagleDrafter(Drafter):
     @property
     def cached_positions(self) -> int:
         """Positions in the drafter's own cache (each computed from the target's features only)."""
-        return int(self._cache.get_seq_length()) if self._cache is not None else 0
+        return int(self._cache.length) if self._cache is not None else 0
 
     def observe_target(self, features: Tensor) -> None:
         assert self._feats is not None
@@ -354,7 +412,7 @@ class EagleDrafter(Drafter):
         through the cache; -> ĥ [R, m, d]."""
         R, m = tokens.shape
         pos = torch.arange(start, start + m, dtype=torch.long, device=tokens.device).expand(R, m)
-        return self.net(prev, self._embed(tokens), cache=self._cache, position_ids=pos)
+        return self._cache.run(self.net.fuse(prev, self._embed(tokens)), pos)
 
     def _law(self, h: Tensor, sampling: SamplingConfig, device: torch.device) -> Tensor:
         return sampling.probs(self.head(h)).to(device)  # [R, V] float64
@@ -372,7 +430,7 @@ class EagleDrafter(Drafter):
         h = self.layer_step(prev.unsqueeze(0), toks, j0)[:, -1]  # [1, d]: ĥ_{n-1}
         self._clen = n  # positions 0..n-1: computed from the target's features only
         if K > 1:
-            self._cache.batch_repeat_interleave(K)
+            self._cache.fork(K)
         h = h.expand(K, -1)
         q_i = self._law(h[:1], sampling, gdev).expand(K, -1)  # [K, V], the shared first law
         qs: list[Tensor] = []
@@ -390,7 +448,7 @@ class EagleDrafter(Drafter):
 
     def _keep(self, row: int) -> None:
         if self._rows > 1:
-            self._cache.batch_select_indices(torch.tensor([row], device=self.target.device))
+            self._cache.keep(row)
         self._rows = 1
 
     def commit(self, sel: int, tau: int) -> None:
@@ -398,12 +456,8 @@ class EagleDrafter(Drafter):
         self._crop_cache(self._n)  # the drafted positions saw predicted features: recomputed next time
 
     def _crop_cache(self, length: int) -> None:
-        held = self._cache.get_seq_length()
-        if held > length:
-            if length == 0:
-                self._cache = self._new_cache()
-            else:
-                self._cache.crop(length - held)  # transformers 5 crops by a negative count
+        if self._cache.length > length:
+            self._cache.crop(length)
         self._clen = min(self._clen, length)
 
     def rewind(self, length: int) -> None:

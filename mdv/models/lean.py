@@ -66,8 +66,22 @@ def lean_support(model: Any) -> str | None:
         dec = decoder_stack(model, "the lean forward")
     except InvalidInputError as exc:
         return str(exc)
-    cfg = getattr(model, "config", None)
-    layers = list(dec.layers)
+    why = lean_layer_support(dec, getattr(model, "config", None), name)
+    if why is not None:
+        return why
+    if not hasattr(dec, "embed_tokens"):
+        return f"the lean forward needs the decoder's embed_tokens and rotary_emb; {name} lacks one"
+    if getattr(model, "lm_head", None) is None:
+        return f"the lean forward needs an lm_head; {name} has none"
+    return None
+
+
+def lean_layer_support(dec: Any, cfg: Any = None, name: str | None = None) -> str | None:
+    """None when the decoder stack ``dec`` (``layers``, ``rotary_emb``; ``cfg`` its config, default
+    ``dec.config``) can run the lean forward's layer loop, else why not (one line, naming ``name``)."""
+    cfg = getattr(dec, "config", None) if cfg is None else cfg
+    name = type(dec).__name__ if name is None else name
+    layers = list(getattr(dec, "layers", None) or [])
     if not layers or any(type(layer).__name__ not in LEAN_LAYERS for layer in layers):
         kinds = sorted({type(layer).__name__ for layer in layers})
         return f"the lean forward runs {', '.join(LEAN_LAYERS)} decoders; {name} has {', '.join(kinds) or 'no layers'}"
@@ -75,12 +89,10 @@ def lean_support(model: Any) -> str | None:
         return f"the lean forward needs a SiLU MLP; {name} uses {cfg.hidden_act!r}"
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return f"the lean forward does not split linears (pretraining_tp={cfg.pretraining_tp})"
-    if not hasattr(dec, "rotary_emb") or not hasattr(dec, "embed_tokens"):
+    if not hasattr(dec, "rotary_emb"):
         return f"the lean forward needs the decoder's embed_tokens and rotary_emb; {name} lacks one"
     if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return f"the lean forward computes attention like sdpa/eager; {name} is set to {cfg._attn_implementation!r}"
-    if getattr(model, "lm_head", None) is None:
-        return f"the lean forward needs an lm_head; {name} has none"
     return None
 
 
@@ -132,18 +144,21 @@ class LeanSession(CacheSessionBase):
 
     def __init__(self, lm: LeanModel):
         self.hf = lm
-        model = lm.model
-        self._dec = decoder_stack(model, "the lean forward")
-        self._layers = list(self._dec.layers)
-        cfg = lm.config
+        self._setup(decoder_stack(lm.model, "the lean forward"), lm.config, lm.device, lm.dtype)
+        self._lm_head = lm.model.lm_head
+
+    def _setup(self, dec: Any, cfg: Any, device: torch.device, dtype: torch.dtype) -> None:
+        """The layer loop's state for the decoder stack ``dec`` (its ``layers`` and ``rotary_emb``): an
+        empty single-row cache."""
+        self._dec = dec
+        self._layers = list(dec.layers)
         attn = self._layers[0].self_attn
         self._heads = int(cfg.num_attention_heads)
         self._kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self._heads)
         self._head_dim = int(attn.head_dim)
         self._scale = float(attn.scaling)
-        self._lm_head = model.lm_head
-        self._device = lm.device
-        self._dtype = lm.dtype
+        self._device = device
+        self._dtype = dtype
         self._kv: Tensor | None = None  # [layers, 2, R, H_kv, capacity, D]
         self._rows = 1
         self._length = 0
@@ -185,12 +200,19 @@ class LeanSession(CacheSessionBase):
         return logits.clone()
 
     def _pass(self, ids: Tensor, positions: Tensor, allowed: Tensor | None, last_only: bool) -> Tensor:
-        n = ids.shape[1]
+        x = self._run_layers(self._dec.embed_tokens(ids), positions, allowed)  # [R, n, d]
+        self.last_features = x if self.record_features else None
+        h = _rms_norm(self._dec.norm, x[:, -1:] if last_only else x)
+        return self._lm_head(h)
+
+    def _run_layers(self, x: Tensor, positions: Tensor, allowed: Tensor | None) -> Tensor:
+        """The decoder layers over the inputs x [R, n, d] at ``positions`` [R, n] (``allowed``: as
+        :meth:`_forward`), through the cache -> the last layer's output [R, n, d]."""
+        n = x.shape[1]
         S = self._length
         self._reserve(S + n)
         kv = self._kv
         assert kv is not None
-        x = self._dec.embed_tokens(ids)  # [R, n, d]
         cos, sin = self._dec.rotary_emb(x, positions)  # [R, n, D]
         if n == 1:
             mask = None  # one query sees the whole cache
@@ -207,9 +229,7 @@ class LeanSession(CacheSessionBase):
         else:
             x = self._torch_layers(x, cos, sin, mask, kv, S)
         self._length = S + n
-        self.last_features = x if self.record_features else None
-        h = _rms_norm(self._dec.norm, x[:, -1:] if last_only else x)
-        return self._lm_head(h)
+        return x
 
     def _torch_layers(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv: Tensor, S: int) -> Tensor:
         """The decoder layers as torch operations (the C layers' reference): x [R, n, d], cos and sin [R, n, D],
@@ -314,3 +334,34 @@ class LeanSession(CacheSessionBase):
                 self._kv[..., past:past + keep, :] = self._kv.index_select(-2, idx)
         self._length = past + keep
         self._tree = None
+
+
+class LeanLayerSession(LeanSession):
+    """The lean forward's layer loop and KV cache over a decoder stack of someone's own, without token
+    embeddings or a head: inputs are vectors x [R, n, d] and the output is the last layer's [R, n, d].  What a
+    drafter with decoder layers of its own runs (``eagle``: one Llama layer over its fused inputs z_j, in place
+    of transformers' forward and ``DynamicCache``); the same loop, the same C layers on PanelPacks, and
+    ``fork``, ``keep`` and ``crop`` as :class:`LeanSession`.  ``dec``: a transformers base model (``layers``,
+    ``rotary_emb``) that :func:`lean_layer_support` accepts."""
+
+    supports_tree = False
+
+    def __init__(self, dec: Any) -> None:  # no LeanModel: nothing to embed or score
+        why = lean_layer_support(dec)
+        if why is not None:
+            raise InvalidInputError(why)
+        param = next(dec.parameters())
+        self._setup(dec, dec.config, param.device, param.dtype)
+
+    def run(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x [R, n, d] at ``positions`` [R, n] (the cache's length on: causal over the cache and the new
+        inputs) -> the last layer's output [R, n, d]."""
+        R, n = positions.shape
+        if x.dim() != 3 or x.shape[:2] != (R, n) or R != self._rows or int(positions[0, 0]) != self._length:
+            raise InvalidInputError(f"run() takes x [rows={self._rows}, n, d] at positions {self._length}.. ; got x"
+                                    f" {tuple(x.shape)} at {int(positions[0, 0])}..")
+        if torch.is_inference_mode_enabled():
+            return self._run_layers(x, positions, None)
+        with torch.inference_mode():
+            return self._run_layers(x, positions, None).clone()
+
