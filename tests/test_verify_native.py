@@ -10,7 +10,13 @@ references, on the same rows:
 * ``fill``'s marks equal a scalar Python transcription of the C loop bit for bit (its cube root within
   4 ulp of a correctly rounded one), and the torch sweeps to 1e-8 at V <= 300 (the sweeps amplify the last
   bits of the roots: torch's vectorised sqrt and pow are not correctly rounded);
-* a row gets the same bits alone or in a batch;
+* the closed-form marginals' C passes against their torch references on the same rows (V from 3 to 49,152,
+  m = 2..5, zeros in p and q): K-SEQ's factors (the elementwise ones bit for bit, those through a sum over V
+  to 1e-15), ``fill``'s marks bit for bit with :func:`fill_marks` and its factors with ``fill_factors``'s
+  (bit for bit but the total's 1e-15), each rule's ``acc += w * marginal`` bit for bit given the same
+  factors (K-SEQ's to 1e-15: its fallback sums over V), the choice's scores to 1e-15;
+* a row gets the same bits alone or in a batch, and so does a prefix's whole law (rule, q_S, kernel rows)
+  up to V = 49,152;
 * without the library (no compiler, a failing compiler, ``MDV_NATIVE_LOOPS=0``) the references run:
   ``select_gbv`` stays exact by enumeration and its laws agree with the C path's to 1e-12.
 """
@@ -28,8 +34,10 @@ from mdv.oracle import exact_law, target_law, total_variation
 from mdv.verify import native, selection, spectr
 from mdv.verify.base import Uniforms
 from mdv.verify.mpbv import below_mass
-from mdv.verify.selection import (FILL_EPS, FILL_SWEEPS, SortedMasses, fill_marks, fill_marks_torch, fill_order,
-                                  fill_order_torch, lex_below, lex_below_torch, node_step)
+from mdv.verify.selection import (FILL_EPS, FILL_SWEEPS, SortedMasses, fill_factors, fill_law, fill_marginal,
+                                  fill_marks, fill_marks_torch, fill_order, fill_order_torch, kseq_factors,
+                                  kseq_factors_torch, kseq_marginal, lex_below, lex_below_torch, lex_marginal, node_step,
+                                  overlap)
 from tests.conftest import toy_pair
 from tests.test_verify_select_gbv import _exactly_summed_rho, _rows_with_ties_and_zeros
 
@@ -188,6 +196,112 @@ def test_fill_marks_in_c_equal_the_scalar_transcription_and_the_torch_sweeps(V: 
     # the torch sweeps round their roots differently; the sweeps carry those last bits through the cumulative
     # sums (measured: 1e-13 at V = 8, 1e-10 at 70, 1e-9 at 300, 1e-4 at 49,152)
     torch.testing.assert_close(got, fill_marks_torch(q, target, order, m), rtol=0, atol=1e-8)
+
+
+# ------------------------------------------------------------------------------------------ the marginals
+MARGINAL_SIZES = (3, 8, 70, 300, 5000, 49152)
+
+
+def _accumulated(add, q: Tensor, rng: np.random.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """(acc after ``add(weight, acc)``, the acc it started from, weight): a random start and random weights, as
+    NodeLaw.marginal's running sum meets them."""
+    start = torch.tensor(rng.uniform(0.0, 0.5, size=tuple(q.shape)))
+    weight = torch.tensor(rng.uniform(0.0, 1.0, size=q.shape[0]))
+    acc = start.clone()
+    add(weight, acc)
+    return acc, start, weight
+
+
+@pytest.mark.parametrize("V", MARGINAL_SIZES)
+@pytest.mark.parametrize("m", (2, 3, 4, 5))
+def test_kseq_factors_and_marginal_in_c_equal_the_torch_ones(V: int, m: int) -> None:
+    rng = np.random.default_rng(400 + 7 * V + m)
+    p, q = _rows(rng, 5, V)
+    rho = SortedMasses(p, q, fill_order(p, q)).rho(m)
+    got, want = kseq_factors(p, q, m, rho), kseq_factors_torch(p, q, m, rho)
+    assert got.beta.data_ptr() != want.beta.data_ptr()  # two computations, not one shared
+    for name in ("beta", "mu", "nu"):  # elementwise: the same operations, the same bits
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    for name in ("o", "res", "r"):  # through sum nu and the residual's sums over V (long double in C)
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=1e-15, msg=name)
+    assert len(got.moments) == m
+    torch.testing.assert_close(torch.cat(got.moments, -1), torch.cat(want.moments, -1), rtol=0, atol=1e-15)
+    assert bool((got.res >= 0.0).all()) and bool(((got.res.sum(-1) - 1.0).abs() < 1e-12).all())
+    alone = kseq_factors(p[2:3], q[2:3], m, rho[2:3])
+    assert all(torch.equal(getattr(alone, k), getattr(got, k)[2:3]) for k in ("beta", "mu", "nu", "o", "res", "r"))
+    lib = native.loops_library()
+    acc, start, weight = _accumulated(
+        lambda w, a: native.kseq_marginal_add(lib, got.mu, got.nu, got.o, got.res, got.r, m, w, a), q, rng)
+    torch.testing.assert_close(acc, start + weight[:, None] * kseq_marginal(got, m), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("V", MARGINAL_SIZES)
+@pytest.mark.parametrize("m", (2, 3, 4, 5))
+def test_fill_law_and_marginal_in_c_equal_the_marks_and_the_torch_factors(V: int, m: int) -> None:
+    rng = np.random.default_rng(500 + 7 * V + m)
+    p, q = _rows(rng, 5, V)
+    ratio = torch.tensor(rng.uniform(0.2, 3.0, size=5))
+    order = fill_order(p, q)
+    got = fill_law(p, q, ratio, m, order)
+    theta = fill_marks(q, ratio.unsqueeze(-1) * p, order, m)
+    assert torch.equal(got.theta, theta)  # the sweeps of fill_marks, the same bits
+    want = fill_factors(q, theta, order)
+    for name in ("qs", "ths", "marked", "unmarked", "others"):  # elementwise and torch's sequential cumsum
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    torch.testing.assert_close(got.below, want.below, rtol=0, atol=1e-15)  # the unmarked total: long double
+    alone = fill_law(p[3:4], q[3:4], ratio[3:4], m, order[3:4])
+    assert all(torch.equal(getattr(alone, k), getattr(got, k)[3:4]) for k in ("theta", "qs", "others", "below"))
+    lib = native.loops_library()
+    acc, start, weight = _accumulated(lambda w, a: native.fill_marginal_add(
+        lib, got.order, got.qs, got.marked, got.unmarked, got.others, got.below, m, w, a), q, rng)
+    assert torch.equal(acc, start + weight[:, None] * fill_marginal(got, m))  # the same factors: the same bits
+
+
+@pytest.mark.parametrize("V", MARGINAL_SIZES)
+@pytest.mark.parametrize("m", (2, 3, 4, 5))
+def test_lex_marginal_in_c_equals_the_torch_one(V: int, m: int) -> None:
+    rng = np.random.default_rng(600 + 7 * V + m)
+    p, q = _rows(rng, 5, V)
+    c = lex_below(p, q, fill_order(p, q))
+    lib = native.loops_library()
+    acc, start, weight = _accumulated(lambda w, a: native.lex_marginal_add(lib, q, c, m, w, a), q, rng)
+    assert torch.equal(acc, start + weight[:, None] * lex_marginal(q, c, m))
+    with pytest.raises(ValueError, match="contiguous"):  # C adds in place: a strided view would be misread
+        native.lex_marginal_add(lib, q, c, m, weight, acc.t().contiguous().t())
+
+
+@pytest.mark.parametrize("V", MARGINAL_SIZES)
+def test_overlap_in_c_equals_torchs_and_is_row_by_row(V: int) -> None:
+    rng = np.random.default_rng(700 + V)
+    p, q = _rows(rng, 5, V)
+    ratio = torch.tensor(rng.uniform(0.2, 3.0, size=5))
+    target = ratio.unsqueeze(-1) * p
+    got = overlap(target, q)
+    torch.testing.assert_close(got, torch.minimum(target, q).sum(-1), rtol=0, atol=1e-15)
+    assert torch.equal(got[4:5], overlap(target[4:5], q[4:5]))  # alone or in a batch
+    if V >= 20:  # row 1 has p = q: the overlap is min(ratio, 1)
+        assert abs(float(got[1]) - min(float(ratio[1]), 1.0)) < 1e-14
+
+
+@pytest.mark.parametrize("V", (40, 300, 5000, 49152))
+def test_node_step_gives_a_prefix_the_same_law_alone_or_in_a_batch(V: int) -> None:
+    """The choice compares scores to CHOICE_TOL, and the walk (one prefix), the law and a later iteration's
+    window (a batch of prefixes) must agree on it: on the C path every rule, q_S and the kernel rows at the
+    drafted tokens carry the same bits for a row alone as in a batch of four (torch's reductions need not)."""
+    rng = np.random.default_rng(800 + V)
+    p, q = _rows(rng, 4, V)
+    ratio = torch.tensor(rng.uniform(0.3, 3.0, size=4))
+    pi = torch.tensor(rng.dirichlet(np.ones(5), size=4))  # K = 4, every survivor count possible
+    tok = q.argmax(-1)
+    for mode in selection.MODES:
+        batch = node_step(p, q, ratio, pi, mode)
+        rows = batch.rows(tok)
+        for n in range(4):
+            alone = node_step(p[n:n + 1], q[n:n + 1], ratio[n:n + 1], pi[n:n + 1], mode)
+            assert torch.equal(alone.rule, batch.rule[n:n + 1]), (mode, n)
+            assert torch.equal(alone.q_sel, batch.q_sel[n:n + 1]), (mode, n)
+            assert torch.equal(alone.rows(tok[n:n + 1]), rows[n:n + 1]), (mode, n)
+    assert len(set(node_step(p, q, ratio, pi, "choose").rule.tolist())) > 1  # the batch mixes rules
 
 
 # ------------------------------------------------------------------------------------------ without the library

@@ -5,19 +5,31 @@ At V = 49,152 some per-prefix work is a loop, not tensor algebra, and costs far 
 its arithmetic: K-SEQ's rho* (a bisection whose steps each sum over the entries still in the bracket:
 ~2.3 ms a row in torch and Python, ~0.1 ms here), and for ``select_gbv``'s selected-draft law the stable
 sort of the ratios, K-SEQ's prefix sums and rho* off them, ``lex``'s below-mass and ``fill``'s Jacobi
-sweeps (~20 elementwise torch operations a sweep, 4 sweeps per survivor count).  Each C function does one
-row in one pass, the same operations in the same order as its reference:
+sweeps (~20 elementwise torch operations a sweep, 4 sweeps per survivor count), and the closed-form
+marginals with their factors (~10-20 eager torch operations over [N, V] per rule and survivor count, ~20-40
+us each at V = 49k; here one or two passes, adding ``pi(m) * marginal`` straight into the rule's row).  Each
+C function does one row at a time, the same operations in the same order as its reference:
 
-==========================  =========================================================  ======================
-C (this module)             reference                                                  bits
-==========================  =========================================================  ======================
-:func:`kseq_rho_active`     :func:`mdv.verify.spectr._bisect_active_set`               its sums' rounding
-:func:`rank_order`          :func:`mdv.verify.selection.fill_order_torch`              the same permutation
-:func:`lex_below`           :func:`mdv.verify.mpbv.below_mass` (c)                     equal
-:func:`sorted_masses`       :class:`mdv.verify.selection.SortedMasses` (numpy)         equal (p_zero: 1e-15)
-:func:`kseq_rho`            :meth:`mdv.verify.selection.SortedMasses.row_rho`          equal
-:func:`fill_marks`          :func:`mdv.verify.selection.fill_marks_torch`              see below
-==========================  =========================================================  ======================
+=========================  ==================================================  ==========================
+C (this module)            reference                                           bits
+=========================  ==================================================  ==========================
+:func:`kseq_rho_active`    :func:`mdv.verify.spectr._bisect_active_set`        its sums' rounding
+:func:`rank_order`         :func:`mdv.verify.selection.fill_order_torch`       the same permutation
+:func:`lex_below`          :func:`mdv.verify.mpbv.below_mass` (c)              equal
+:func:`sorted_masses`      :class:`mdv.verify.selection.SortedMasses` (numpy)  equal (p_zero: 1e-15)
+:func:`kseq_rho`           :meth:`mdv.verify.selection.SortedMasses.row_rho`   equal
+:func:`fill_marks`         :func:`mdv.verify.selection.fill_marks_torch`       see below
+:func:`fill_law`           :func:`mdv.verify.selection.fill_factors` of those  equal (below: 1e-15)
+:func:`fill_marginal_add`  ``acc + pi(m) * selection.fill_marginal``           equal
+:func:`lex_marginal_add`   ``acc + pi(m) * selection.lex_marginal``            equal
+:func:`kseq_factors`       :func:`mdv.verify.selection.kseq_factors_torch`     sums: 1e-15, else equal
+:func:`kseq_marginal_add`  ``acc + pi(m) * selection.kseq_marginal``           its sum's rounding (1e-15)
+:func:`overlap`            ``torch.minimum(target, marginal).sum(-1)``         its sum's rounding (1e-15)
+=========================  ==================================================  ==========================
+
+Where the reference sums over V in torch (whose reductions are not sequential, and round one row alone
+differently from a batch of rows when several threads run), C sums left to right in long double, so a row
+gets the same bits alone or in a batch; the choice's scores (:func:`overlap`) depend on that.
 
 ``fill``'s sweeps equal a scalar transcription bit for bit (tests/test_verify_native.py); against the torch
 sweeps they differ where torch's vectorised sqrt and pow round differently, and the sweeps carry those
@@ -75,6 +87,18 @@ def loops_library() -> ctypes.CDLL | None:
     lib.sel_sorted_masses.restype = None
     lib.sel_kseq_rho.argtypes = [_c_long, _c_long, _c_int, _c_int] + [_ptr] * 7
     lib.sel_kseq_rho.restype = None
+    lib.sel_lex_marginal.argtypes = [_c_long, _c_long, _c_int] + [_ptr] * 4
+    lib.sel_lex_marginal.restype = None
+    lib.sel_kseq_factors.argtypes = [_c_long, _c_long, _c_int, _c_double] + [_ptr] * 10
+    lib.sel_kseq_factors.restype = None
+    lib.sel_kseq_marginal.argtypes = [_c_long, _c_long, _c_int] + [_ptr] * 7
+    lib.sel_kseq_marginal.restype = None
+    lib.sel_fill_law.argtypes = [_c_long, _c_long, _c_int, _c_int, _c_double, _c_double] + [_ptr] * 11
+    lib.sel_fill_law.restype = None
+    lib.sel_fill_marginal.argtypes = [_c_long, _c_long, _c_int] + [_ptr] * 8
+    lib.sel_fill_marginal.restype = None
+    lib.sel_overlap.argtypes = [_c_long, _c_long] + [_ptr] * 3
+    lib.sel_overlap.restype = None
     return lib
 
 
@@ -149,4 +173,80 @@ def kseq_rho(lib: ctypes.CDLL, masses: tuple[np.ndarray, ...], m: int, iters: in
     return rho
 
 
-__all__ = ["loops_library", "native_rows", "kseq_rho_active", "rank_order", "fill_marks", "lex_below", "sorted_masses", "kseq_rho"]
+def _rows_of(*rows: Tensor) -> list[Tensor]:
+    """The tensors as C-contiguous float64 blocks (the pointers handed to C)."""
+    return [t.to(torch.float64).contiguous() for t in rows]
+
+
+def _accumulator(acc: Tensor) -> int:
+    """acc's data pointer, once it is known that C may add into it in place (a contiguous CPU float64 block)."""
+    if not (acc.is_contiguous() and acc.dtype == torch.float64 and acc.device.type == "cpu"):
+        raise ValueError("acc must be a contiguous CPU float64 tensor: the C passes add into it in place")
+    return acc.data_ptr()
+
+
+def lex_marginal_add(lib: ctypes.CDLL, q: Tensor, c: Tensor, m: int, weight: Tensor, acc: Tensor) -> None:
+    """``acc += weight * lex's marginal`` with m >= 2 survivors, in place.  q, c (lex's below-mass): CPU float64
+    [N, V]; weight: [N]; acc: contiguous CPU float64 [N, V]."""
+    q, c, weight = _rows_of(q, c, weight)
+    lib.sel_lex_marginal(q.shape[0], q.shape[1], m, q.data_ptr(), c.data_ptr(), weight.data_ptr(), _accumulator(acc))
+
+
+def kseq_factors(lib: ctypes.CDLL, p: Tensor, q: Tensor, rho: Tensor, m: int,
+                 tol: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, list[Tensor]]:
+    """K-SEQ's (beta, mu, nu, o, res [N, V], r [N, 1], moments: m tensors [N, 1]) with m >= 2 survivors at rho
+    [N] (:class:`~mdv.verify.selection.KseqFactors`' fields); tol: the residual's fallback threshold
+    (:data:`mdv.verify._math.TOL`).  p, q: CPU float64 [N, V]."""
+    p, q, rho = _rows_of(p, q, rho)
+    N, V = q.shape
+    beta, mu, nu, o, res = (torch.empty((N, V), dtype=torch.float64) for _ in range(5))
+    r, moments = torch.empty((N, 1), dtype=torch.float64), torch.empty((N, m), dtype=torch.float64)
+    lib.sel_kseq_factors(N, V, m, tol, p.data_ptr(), q.data_ptr(), rho.data_ptr(), *(t.data_ptr() for t in (
+        beta, mu, nu, o, res, r, moments)))
+    return beta, mu, nu, o, res, r, list(moments.split(1, -1))
+
+
+def kseq_marginal_add(lib: ctypes.CDLL, mu: Tensor, nu: Tensor, o: Tensor, res: Tensor, r: Tensor, m: int,
+                      weight: Tensor, acc: Tensor) -> None:
+    """``acc += weight * K-SEQ's marginal`` with m >= 2 survivors from its factors, in place.  mu, nu, o, res:
+    CPU float64 [N, V]; r: [N, 1]; weight: [N]; acc: contiguous CPU float64 [N, V]."""
+    mu, nu, o, res, r, weight = _rows_of(mu, nu, o, res, r, weight)
+    lib.sel_kseq_marginal(mu.shape[0], mu.shape[1], m, *(t.data_ptr() for t in (mu, nu, o, res, r, weight)),
+                          _accumulator(acc))
+
+
+def fill_law(lib: ctypes.CDLL, q: Tensor, target: Tensor, order: Tensor, m: int, sweeps: int, eps: float,
+             line: float) -> tuple[Tensor, ...]:
+    """``fill``'s marks and factors with m survivors: (theta [N, V] in token space; qs, ths, marked, unmarked,
+    others, below [N, V] in rank order), :class:`~mdv.verify.selection.FillFactors`' fields; theta has the bits
+    of :func:`fill_marks`.  q, target: CPU float64 [N, V]; order: [N, V]."""
+    q, target = _rows_of(q, target)
+    order = order.to(torch.int64).contiguous()
+    N, V = q.shape
+    out = [torch.empty((N, V), dtype=torch.float64) for _ in range(7)]
+    work = torch.empty(2 * V, dtype=torch.float64)
+    lib.sel_fill_law(N, V, m, sweeps, eps, line, q.data_ptr(), target.data_ptr(), order.data_ptr(),
+                     *(t.data_ptr() for t in out), work.data_ptr())
+    return tuple(out)
+
+
+def fill_marginal_add(lib: ctypes.CDLL, order: Tensor, qs: Tensor, marked: Tensor, unmarked: Tensor, others: Tensor,
+                      below: Tensor, m: int, weight: Tensor, acc: Tensor) -> None:
+    """``acc += weight * fill's marginal`` with m >= 2 survivors from its factors (rank order [N, V]), in place
+    in token space.  order: [N, V]; weight: [N]; acc: contiguous CPU float64 [N, V]."""
+    qs, marked, unmarked, others, below, weight = _rows_of(qs, marked, unmarked, others, below, weight)
+    order = order.to(torch.int64).contiguous()
+    lib.sel_fill_marginal(qs.shape[0], qs.shape[1], m, order.data_ptr(), *(t.data_ptr() for t in (
+        qs, marked, unmarked, others, below, weight)), _accumulator(acc))
+
+
+def overlap(lib: ctypes.CDLL, target: Tensor, marginal: Tensor) -> Tensor:
+    """``sum_x min(target, marginal)`` per row, summed in long double.  CPU float64 [N, V] -> [N]."""
+    target, marginal = _rows_of(target, marginal)
+    score = torch.empty(target.shape[0], dtype=torch.float64)
+    lib.sel_overlap(target.shape[0], target.shape[1], target.data_ptr(), marginal.data_ptr(), score.data_ptr())
+    return score
+
+
+__all__ = ["loops_library", "native_rows", "kseq_rho_active", "rank_order", "fill_marks", "lex_below", "sorted_masses", "kseq_rho",
+           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "fill_marginal_add", "overlap"]

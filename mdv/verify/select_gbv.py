@@ -48,9 +48,10 @@ probabilities given the survivors (which are marked is never drawn survivor by s
 survivor counts still possible: one sort of V shared by the three rules, closed-form marginals O(m V) per
 rule and count, FILL_SWEEPS passes per count for ``fill``'s marks, and kernel rows only at the drafted
 tokens; the rows of a prefix are computed once and shared by the drafts through it.  Nothing grows with
-V^L or with draft tuples.  The loops among these (the sort, K-SEQ's prefix sums and rho*, ``fill``'s
-sweeps) run in C (:mod:`mdv.verify.native`), the closed-form algebra in eager torch.  At V = 49,152,
-K = 4, L = 8 this is still 2.5-3.1 target steps (README, *Performance*).
+V^L or with draft tuples.  On CPU float64 rows all of it runs in C (:mod:`mdv.verify.native`): the loops
+(the sort, K-SEQ's prefix sums and rho*, ``fill``'s sweeps), each rule's factors and marginals added
+straight into its row, and the choice's scores.  At V = 49,152, K = 4, L = 8 this is still ~2 target
+steps, ``fill``'s sweeps the largest part (README, *Performance*).
 """
 from __future__ import annotations
 

@@ -67,11 +67,12 @@ T_m(x, .) only at the tokens it follows, so q_S comes from each rule's closed-fo
 (:func:`lex_marginal`, :func:`kseq_marginal`, :func:`fill_marginal`: O(m V) per survivor count m) and the
 kernel rows from the same factors at one token (:meth:`NodeLaw.rows`).  One sort of V serves the three rules:
 ``fill``'s rank order, K-SEQ's rho* (prefix sums in that order, :class:`SortedMasses`) and, above MEMO_MAX_V,
-``lex``'s c(x) (:func:`lex_below`); ``fill`` adds FILL_SWEEPS passes per survivor count for its marks.  The
-loops among these (the sort, the prefix sums, rho*'s bisection, lex's c and fill's sweeps) run in C on CPU
-float64 rows (:mod:`mdv.verify.native`; torch and numpy are their references and the path on GPUs or without
-a C compiler), the closed-form algebra in torch.  The full kernels (:func:`lex_kernel`, :func:`kseq_kernel`,
-:func:`fill_kernel`, O(K^3 V) for K-SEQ) are the definitions the tests hold the fast law to.
+``lex``'s c(x) (:func:`lex_below`); ``fill`` adds FILL_SWEEPS passes per survivor count for its marks.  On CPU
+float64 rows all of this runs in C (:mod:`mdv.verify.native`; torch and numpy are the references and the path
+on GPUs or without a C compiler): the loops (the sort, the prefix sums, rho*'s bisection, lex's c and fill's
+sweeps), per rule and count the factors and ``pi(m)`` times the marginal, added straight into the rule's row
+(:meth:`NodeLaw.marginal`), and the choice's scores (:func:`overlap`).  The full kernels (:func:`lex_kernel`,
+:func:`kseq_kernel`, :func:`fill_kernel`, O(K^3 V) for K-SEQ) are the definitions the tests hold the fast law to.
 """
 from __future__ import annotations
 
@@ -84,11 +85,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mdv.verify._math import TOL
 from mdv.verify.mpbv import below_mass, power_sum, ratio_scores
+from mdv.verify.native import fill_law as native_fill_law
+from mdv.verify.native import fill_marginal_add as native_fill_marginal_add
 from mdv.verify.native import fill_marks as native_fill_marks
+from mdv.verify.native import kseq_factors as native_kseq_factors
+from mdv.verify.native import kseq_marginal_add as native_kseq_marginal_add
 from mdv.verify.native import kseq_rho as native_kseq_rho
 from mdv.verify.native import lex_below as native_lex_below
+from mdv.verify.native import lex_marginal_add as native_lex_marginal_add
 from mdv.verify.native import native_rows, rank_order
+from mdv.verify.native import overlap as native_overlap
 from mdv.verify.native import sorted_masses as native_sorted_masses
 from mdv.verify.spectr import RHO_ITERS, kseq_accept_prob, kseq_residual, kseq_rho
 
@@ -292,8 +300,19 @@ class SortedMasses:
 
 def kseq_factors(p: Tensor, q: Tensor, m: int, rho: Tensor | None = None) -> KseqFactors:
     """:class:`KseqFactors` of K-SEQ with m >= 2 survivors.  p, q: [N, V]; rho: [N] (default
-    :func:`~mdv.verify.spectr.kseq_rho`)."""
+    :func:`~mdv.verify.spectr.kseq_rho`).  One C call on CPU float64 rows (:func:`mdv.verify.native.
+    kseq_factors`: the same algebra, its sums r, beta(rho*), the residual's mass and the moments in long
+    double), else :func:`kseq_factors_torch`."""
     rho = kseq_rho(p, q, m) if rho is None else rho  # [N]
+    lib = native_rows(p, q)
+    if lib is None:
+        return kseq_factors_torch(p, q, m, rho)
+    beta, mu, nu, o, res, r, moments = native_kseq_factors(lib, p, q, rho, m, TOL)
+    return KseqFactors(rho, beta, mu, nu, o, res, r, moments)
+
+
+def kseq_factors_torch(p: Tensor, q: Tensor, m: int, rho: Tensor) -> KseqFactors:
+    """:func:`kseq_factors` in torch: its reference, and the path on GPUs or without a C compiler."""
     beta = kseq_accept_prob(p, q, rho.unsqueeze(-1))  # [N, V]
     mu = q * beta
     nu = (q - mu).clamp_min(0.0)
@@ -334,7 +353,8 @@ def kseq_kernel(p: Tensor, q: Tensor, m: int, K: int) -> Tensor:
     if m == 1:
         return _single_terms(q, K)
     every = torch.arange(q.shape[-1], device=q.device).expand(q.shape)
-    return _kseq_terms(kseq_factors(p, q, m), q, every, m, K)
+    # the torch factors: the definition the tests hold the fast law (C factors on CPU float64) to
+    return _kseq_terms(kseq_factors_torch(p, q, m, kseq_rho(p, q, m)), q, every, m, K)
 
 
 def kseq_marginal(f: KseqFactors, m: int) -> Tensor:
@@ -448,6 +468,18 @@ class FillFactors:
         return torch.empty_like(self.order).scatter_(-1, self.order, pos)
 
 
+def fill_law(p: Tensor, q: Tensor, ratio: Tensor, m: int, order: Tensor) -> FillFactors:
+    """:class:`FillFactors` of ``fill`` with m survivors at its own marks: :func:`fill_factors` of
+    :func:`fill_rule`.  One C call on CPU float64 rows (:func:`mdv.verify.native.fill_law`: the sweeps of
+    :func:`fill_marks`, the same thetas bit for bit, then the factors in the same pass over the rank order;
+    the unmarked total in long double), else the two in torch.  p, q, order: [N, V]; ratio: [N]."""
+    lib = native_rows(p, q)
+    if lib is None:
+        return fill_factors(q, fill_rule(p, q, ratio, m, order)[0], order)
+    fields = native_fill_law(lib, q, ratio.unsqueeze(-1) * p, order, m, FILL_SWEEPS, FILL_EPS, _fill_line(m))
+    return FillFactors(fields[0], order, *fields[1:])
+
+
 def fill_factors(q: Tensor, theta: Tensor, order: Tensor) -> FillFactors:
     """:class:`FillFactors` from the marks theta and the rank order.  q, theta, order: [N, V]."""
     qs, ths = q.gather(-1, order), theta.gather(-1, order)  # [N, V] in rank order
@@ -544,8 +576,7 @@ class NodeLaw:
         if ("fill", m) not in self._factors:
             if self.order is None:
                 self.order = fill_order(self.p, self.q)
-            theta, _ = fill_rule(self.p, self.q, self.ratio, m, self.order)
-            self._factors["fill", m] = fill_factors(self.q, theta, self.order)
+            self._factors["fill", m] = fill_law(self.p, self.q, self.ratio, m, self.order)
         return self._factors["fill", m]
 
     def lex_c(self) -> Tensor:
@@ -554,7 +585,26 @@ class NodeLaw:
         return self.below
 
     def marginal(self, rule: str) -> Tensor:
-        """q_S^rule(.|u) = sum_m pi(m) sum_j T_m(., j)  [N, V]."""
+        """q_S^rule(.|u) = sum_m pi(m) sum_j T_m(., j)  [N, V].  On CPU float64 rows each count m >= 2 adds
+        ``pi(m) sum_j T_m`` into the row in C from the rule's factors (:mod:`mdv.verify.native`: per token the
+        same operations as the torch loop below, no [N, V] intermediates)."""
+        lib = native_rows(self.p, self.q)
+        if lib is not None:
+            acc = torch.zeros(self.q.shape, dtype=torch.float64)  # contiguous: C adds into it in place
+            for m in self.counts:
+                weight = self.pi[:, m]  # [N]
+                if m == 1:
+                    acc.add_(weight[:, None] * self.q)
+                elif rule == "lex":
+                    native_lex_marginal_add(lib, self.q, self.lex_c(), m, weight, acc)
+                elif rule == "fill":
+                    f = self.fill(m)
+                    native_fill_marginal_add(lib, f.order, f.qs, f.marked, f.unmarked, f.others, f.below, m, weight,
+                                             acc)
+                else:
+                    f = self.kseq(m)
+                    native_kseq_marginal_add(lib, f.mu, f.nu, f.o, f.res, f.r, m, weight, acc)
+            return acc
         acc = torch.zeros_like(self.q)
         for m in self.counts:
             if m == 1:
@@ -631,15 +681,23 @@ def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> No
         return law
     target = ratio.unsqueeze(-1) * p  # [N, V]
     best, q_sel = torch.zeros_like(ratio, dtype=torch.long), marginals[0]
-    best_score = torch.minimum(target, q_sel).sum(-1)  # [N]
+    best_score = overlap(target, q_sel)  # [N]
     for r in range(1, len(RULES)):
-        score = torch.minimum(target, marginals[r]).sum(-1)
+        score = overlap(target, marginals[r])
         better = score > best_score + CHOICE_TOL
         best = torch.where(better, torch.full_like(best, r), best)
         best_score = torch.where(better, score, best_score)
         q_sel = torch.where(better[:, None], marginals[r], q_sel)
     law.rule, law.q_sel = best, q_sel
     return law
+
+
+def overlap(target: Tensor, marginal: Tensor) -> Tensor:
+    """The choice's score ``sum_x min(target, marginal)`` per row.  In C on CPU float64 rows, a long double sum
+    per row (:func:`mdv.verify.native.overlap`: a row gets the same bits alone or in a batch), else torch's.
+    target, marginal: [N, V] -> [N]."""
+    lib = native_rows(target, marginal)
+    return torch.minimum(target, marginal).sum(-1) if lib is None else native_overlap(lib, target, marginal)
 
 
 def root_survivors(K: int, like: Tensor) -> Tensor:
@@ -659,5 +717,5 @@ def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
 
 __all__ = ["RULES", "MODES", "CHOICE_TOL", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses",
            "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "lex_below_torch", "kseq_kernel", "kseq_factors", "kseq_marginal",
-           "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
-           "node_step", "root_survivors", "advance_survivors"]
+           "kseq_factors_torch", "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_law", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
+           "overlap", "node_step", "root_survivors", "advance_survivors"]

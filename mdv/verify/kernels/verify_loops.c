@@ -321,43 +321,260 @@ VECTOR_CLONES FILL_UPDATE(fill_update_3, (si * si) * si, cube_root(d))
 VECTOR_CLONES FILL_UPDATE(fill_update_4, ((si * si) * si) * si, sqrt(sqrt(d)))
 FILL_UPDATE(fill_update_m, int_power(si, m), pow(d, inv_m))
 
-/* fill's marks theta (selection.fill_marks_torch): FILL_SWEEPS Jacobi sweeps from theta = 1 of
+/* fill's FILL_SWEEPS Jacobi sweeps for one row (sel_fill_marks and sel_fill_law share it, so their thetas
+ * have the same bits): from theta = 1,
  *     s(i) = clamp(1 - sum_{k<i} qs(k) theta(k), 0, 1),   d = max(s^m - ts(i), 0),
  *     theta(i) = clamp((s - root(d)) / qs(i), 0, 1)  (0 where qs(i) = 0),
  * in rank order (qs = q[order], ts = target[order]); root(d) = d^(1/m) (sqrt for m = 2, cube_root for 3,
  * two square roots for 4, pow above), or d * line below eps (line = eps^(1/m - 1), passed in so both paths
  * use the same bits).  Per sweep the running sum is taken left to right in double, as torch's cumsum,
- * then every theta is updated from it.  q, target: [N, V]; order: [N, V]; theta: [N, V] out, in token
- * space; work: [4 V]. */
+ * then every theta is updated from it.  qn, tn: [V] in token space; on: [V]; qs, th: [V] out (rank order);
+ * ts, s: [V] work. */
+static void fill_sweeps(long V, int m, int sweeps, double eps, double line, const double *qn, const double *tn,
+                        const int64_t *on, double *qs, double *ts, double *th, double *s)
+{
+    const double inv_m = 1.0 / m;
+    for (long i = 0; i < V; i++) {
+        qs[i] = qn[on[i]];
+        ts[i] = tn[on[i]];
+        th[i] = 1.0;
+    }
+    for (int sweep = 0; sweep < sweeps; sweep++) {
+        double above = 0.0;  /* marked mass ranked above i, from the previous sweep's thetas */
+        for (long i = 0; i < V; i++) {
+            double si = 1.0 - above;
+            s[i] = si < 0.0 ? 0.0 : (si > 1.0 ? 1.0 : si);
+            above = above + qs[i] * th[i];
+        }
+        if (m == 2)
+            fill_update_2(V, m, eps, line, inv_m, s, qs, ts, th);
+        else if (m == 3)
+            fill_update_3(V, m, eps, line, inv_m, s, qs, ts, th);
+        else if (m == 4)
+            fill_update_4(V, m, eps, line, inv_m, s, qs, ts, th);
+        else
+            fill_update_m(V, m, eps, line, inv_m, s, qs, ts, th);
+    }
+}
+
+/* fill's marks theta (selection.fill_marks_torch) by fill_sweeps.  q, target: [N, V]; order: [N, V]; theta:
+ * [N, V] out, in token space; work: [4 V]. */
 void sel_fill_marks(long N, long V, const double *q, const double *target, const int64_t *order, int m,
                     int sweeps, double eps, double line, double *theta, double *work)
 {
     double *qs = work, *ts = work + V, *th = work + 2 * V, *s = work + 3 * V;
-    const double inv_m = 1.0 / m;
     for (long n = 0; n < N; n++) {
         const int64_t *on = order + n * V;
-        for (long i = 0; i < V; i++) {
-            qs[i] = q[n * V + on[i]];
-            ts[i] = target[n * V + on[i]];
-            th[i] = 1.0;
-        }
-        for (int sweep = 0; sweep < sweeps; sweep++) {
-            double above = 0.0;  /* marked mass ranked above i, from the previous sweep's thetas */
-            for (long i = 0; i < V; i++) {
-                double si = 1.0 - above;
-                s[i] = si < 0.0 ? 0.0 : (si > 1.0 ? 1.0 : si);
-                above = above + qs[i] * th[i];
-            }
-            if (m == 2)
-                fill_update_2(V, m, eps, line, inv_m, s, qs, ts, th);
-            else if (m == 3)
-                fill_update_3(V, m, eps, line, inv_m, s, qs, ts, th);
-            else if (m == 4)
-                fill_update_4(V, m, eps, line, inv_m, s, qs, ts, th);
-            else
-                fill_update_m(V, m, eps, line, inv_m, s, qs, ts, th);
-        }
+        fill_sweeps(V, m, sweeps, eps, line, q + n * V, target + n * V, on, qs, ts, th, s);
         for (long i = 0; i < V; i++)
             theta[n * V + on[i]] = th[i];
+    }
+}
+
+/* ------------------------------------------------------------------------------ the closed-form marginals
+ * (selection.NodeLaw.marginal): each rule's factors for m >= 2 survivors, and sum_j T_m(x, j) added as
+ * acc(x) += weight * marginal(x) straight into token space (the reference's `acc = acc + pi(m) * marginal`,
+ * the same two roundings), so no [N, V] intermediate is materialised.  The elementwise algebra is the
+ * reference's, operation for operation; its sums over V (torch reductions, not sequential) are long double
+ * running sums here, so those sums, and what is computed from them, differ in their last bits. */
+
+/* mpbv.power_sum: N_m(X, Y) = sum_{j<m} X^j Y^(m-1-j) by N_2 = X + Y, N_{k+1} = X N_k + Y^k (m >= 2). */
+static inline double power_sum(double X, double Y, int m)
+{
+    double out = X + Y, y_pow = Y;
+    for (int k = 2; k < m; k++) {
+        y_pow = y_pow * Y;
+        out = X * out + y_pow;
+    }
+    return out;
+}
+
+/* lex's marginal (selection.lex_marginal): q * N_m(q + c, c).  q, c (lex's below-mass), acc: [N, V];
+ * weight: [N]. */
+void sel_lex_marginal(long N, long V, int m, const double *q, const double *c, const double *weight, double *acc)
+{
+    for (long n = 0; n < N; n++) {
+        const double *qn = q + n * V, *cn = c + n * V;
+        double *an = acc + n * V, w = weight[n];
+        for (long x = 0; x < V; x++)
+            an[x] = an[x] + w * (qn[x] * power_sum(qn[x] + cn[x], cn[x], m));
+    }
+}
+
+/* K-SEQ's factors' elementwise parts at rho (no sums: the loops vectorise).  kseq_accept_parts: beta, mu,
+ * nu and capped = p / rho (kept in o until kseq_residual_parts overwrites it); kseq_residual_parts: the
+ * unnormalised residual w = max(p - q f, 0), 0 where q >= p / rho, and o = max(r - nu, 0). */
+VECTOR_CLONES static void kseq_accept_parts(long V, double rho, const double *restrict p, const double *restrict q,
+                                            double *restrict beta, double *restrict mu, double *restrict nu,
+                                            double *restrict capped)
+{
+    for (long x = 0; x < V; x++) {
+        double den = rho * q[x];
+        double b = p[x] / (den > 0.0 ? den : 1.0);
+        b = den > 0.0 ? b : 0.0;
+        b = b < 0.0 ? 0.0 : (b > 1.0 ? 1.0 : b);
+        double mux = q[x] * b, nux = q[x] - mux;
+        beta[x] = b;
+        mu[x] = mux;
+        nu[x] = nux < 0.0 ? 0.0 : nux;
+        capped[x] = p[x] / rho;
+    }
+}
+
+VECTOR_CLONES static void kseq_residual_parts(long V, double factor, double r, const double *restrict p,
+                                              const double *restrict q, const double *restrict nu,
+                                              double *restrict o_capped, double *restrict res)
+{
+    for (long x = 0; x < V; x++) {
+        double w = q[x] >= o_capped[x] ? 0.0 : p[x] - q[x] * factor, ox = r - nu[x];
+        res[x] = w < 0.0 ? 0.0 : w;
+        o_capped[x] = ox < 0.0 ? 0.0 : ox;
+    }
+}
+
+/* K-SEQ's factors with m >= 2 survivors at rho (selection.kseq_factors_torch, with spectr.kseq_accept_prob
+ * and spectr.kseq_residual):
+ *     beta = clamp(p / (rho q), 0, 1) (0 where q = 0),  mu = q beta,  nu = max(q - mu, 0),  r = sum nu,
+ *     o = max(r - nu, 0),  res = norm((p - q f)_+) with 0 where q >= p/rho, f = (1 - (1 - b)^m) / b,
+ *     b = clamp(sum min(q, p/rho), 0, 1) (f = m at b = 0),
+ *     1 - (1 - b)^m = -expm1(m log clamp(sum (q - p/rho)_+, 0, 1)),
+ *     res = p where its mass is at most tol * max(sum p, 1) (normalize_or's fallback),
+ *     moments M_t = sum res nu^t, t < m.
+ * The elementwise parts in vectorised passes, the sums in scalar long double ones.  p, q: [N, V]; rho: [N];
+ * beta, mu, nu, o, res: [N, V] out; r: [N] out; moments: [N, m] out. */
+void sel_kseq_factors(long N, long V, int m, double tol, const double *p, const double *q, const double *rho,
+                      double *beta, double *mu, double *nu, double *o, double *res, double *r, double *moments)
+{
+    for (long n = 0; n < N; n++) {
+        const double *pn = p + n * V, *qn = q + n * V;
+        double *nun = nu + n * V, *on = o + n * V, *rn = res + n * V;
+        kseq_accept_parts(V, rho[n], pn, qn, beta + n * V, mu + n * V, nun, on);
+        long double accepted = 0.0L, rejected = 0.0L, p_mass = 0.0L, nu_mass = 0.0L;
+        for (long x = 0; x < V; x++) {
+            double qx = qn[x], capped = on[x];
+            accepted += qx < capped ? qx : capped;
+            rejected += qx - capped > 0.0 ? qx - capped : 0.0;
+            p_mass += pn[x];
+            nu_mass += nun[x];
+        }
+        double b_all = (double)accepted, reject = (double)rejected, r_row = (double)nu_mass;
+        b_all = b_all < 0.0 ? 0.0 : (b_all > 1.0 ? 1.0 : b_all);
+        reject = reject < 0.0 ? 0.0 : (reject > 1.0 ? 1.0 : reject);
+        double factor = b_all > 0.0 ? -expm1(m * log(reject)) / b_all : (double)m;
+        kseq_residual_parts(V, factor, r_row, pn, qn, nun, on, rn);
+        long double res_mass = 0.0L;
+        for (long x = 0; x < V; x++)
+            res_mass += rn[x];
+        double mass = (double)res_mass, floor = (double)p_mass;
+        if (mass > tol * (floor < 1.0 ? 1.0 : floor))
+            for (long x = 0; x < V; x++)
+                rn[x] = rn[x] / mass;
+        else  /* no residual mass: p itself */
+            memcpy(rn, pn, (size_t)V * sizeof *rn);
+        for (int t = 0; t < m; t++) {  /* M_t, nu^t by products from 1 as the reference's powers */
+            long double moment = 0.0L;
+            for (long x = 0; x < V; x++) {
+                double nu_pow = 1.0;
+                for (int k = 0; k < t; k++)
+                    nu_pow = nu_pow * nun[x];
+                moment += rn[x] * nu_pow;
+            }
+            moments[n * m + t] = (double)moment;
+        }
+        r[n] = r_row;
+    }
+}
+
+/* K-SEQ's marginal with m >= 2 survivors from its factors (selection.kseq_marginal):
+ *     mu N_m(r, 1) + res nu N_m(r, o) + nu max(F - res o^(m-1), 0),   F = sum_y res(y) o(y)^(m-1),
+ * o^(m-1) by products (torch's pow for m - 1 <= 3, rounded differently above).  mu, nu, o, res, acc: [N, V];
+ * r, weight: [N]. */
+void sel_kseq_marginal(long N, long V, int m, const double *mu, const double *nu, const double *o,
+                       const double *res, const double *r, const double *weight, double *acc)
+{
+    for (long n = 0; n < N; n++) {
+        const double *mun = mu + n * V, *nun = nu + n * V, *on = o + n * V, *rn = res + n * V;
+        double *an = acc + n * V, w = weight[n], rr = r[n];
+        long double fallback_mass = 0.0L;
+        for (long x = 0; x < V; x++)
+            fallback_mass += rn[x] * int_power(on[x], m - 1);
+        double total = (double)fallback_mass, accepted = power_sum(rr, 1.0, m);
+        for (long x = 0; x < V; x++) {
+            double fallback = total - rn[x] * int_power(on[x], m - 1);
+            fallback = fallback < 0.0 ? 0.0 : fallback;
+            double marg = mun[x] * accepted + rn[x] * nun[x] * power_sum(rr, on[x], m) + nun[x] * fallback;
+            an[x] = an[x] + w * marg;
+        }
+    }
+}
+
+/* fill's marks and factors with m survivors (selection.fill_factors on fill_marks_torch's thetas): the
+ * sweeps (fill_sweeps, the bits of sel_fill_marks), then in rank order
+ *     marked = qs theta,  unmarked = qs (1 - theta),  others = max((1 - qs) - sum_{k<i} marked(k), 0),
+ *     below = max(sum unmarked - sum_{k<=i} unmarked(k), 0),
+ * the running sums left to right in double as torch's cumsum, the total in long double.  q, target: [N, V];
+ * order: [N, V]; theta: [N, V] out (token space); qs, ths, marked, unmarked, others, below: [N, V] out (rank
+ * order); work: [2 V]. */
+void sel_fill_law(long N, long V, int m, int sweeps, double eps, double line, const double *q, const double *target,
+                  const int64_t *order, double *theta, double *qs, double *ths, double *marked, double *unmarked,
+                  double *others, double *below, double *work)
+{
+    for (long n = 0; n < N; n++) {
+        const int64_t *on = order + n * V;
+        double *qn = qs + n * V, *th = ths + n * V, *mk = marked + n * V, *um = unmarked + n * V;
+        double *ot = others + n * V, *bl = below + n * V;
+        fill_sweeps(V, m, sweeps, eps, line, q + n * V, target + n * V, on, qn, work, th, work + V);
+        double above = 0.0;
+        long double unmarked_mass = 0.0L;
+        for (long i = 0; i < V; i++) {
+            double left = (1.0 - qn[i]) - above;
+            mk[i] = qn[i] * th[i];
+            um[i] = qn[i] * (1.0 - th[i]);
+            ot[i] = left < 0.0 ? 0.0 : left;
+            above = above + mk[i];
+            unmarked_mass += um[i];
+            theta[n * V + on[i]] = th[i];
+        }
+        double total = (double)unmarked_mass, cum = 0.0;
+        for (long i = 0; i < V; i++) {
+            cum = cum + um[i];
+            double b = total - cum;
+            bl[i] = b < 0.0 ? 0.0 : b;
+        }
+    }
+}
+
+/* fill's marginal with m survivors from its factors (selection.fill_marginal), in rank order,
+ *     marked N_m(qs + others, unmarked + others) + unmarked N_m(unmarked + below, below),
+ * added at each token's place.  order: [N, V]; qs, marked, unmarked, others, below: [N, V] (rank order);
+ * weight: [N]; acc: [N, V] (token space). */
+void sel_fill_marginal(long N, long V, int m, const int64_t *order, const double *qs, const double *marked,
+                       const double *unmarked, const double *others, const double *below, const double *weight,
+                       double *acc)
+{
+    for (long n = 0; n < N; n++) {
+        const int64_t *on = order + n * V;
+        const double *qn = qs + n * V, *mk = marked + n * V, *um = unmarked + n * V, *ot = others + n * V;
+        const double *bl = below + n * V;
+        double *an = acc + n * V, w = weight[n];
+        for (long i = 0; i < V; i++) {
+            double marg = mk[i] * power_sum(qn[i] + ot[i], um[i] + ot[i], m)
+                          + um[i] * power_sum(um[i] + bl[i], bl[i], m);
+            an[on[i]] = an[on[i]] + w * marg;
+        }
+    }
+}
+
+/* The choice's score of a rule (selection._node_step): sum_x min(target(x), marginal(x)) per row, a long
+ * double running sum (torch's sum rounds otherwise, and differently for one row than in a batch).
+ * target, marginal: [N, V]; score: [N] out. */
+void sel_overlap(long N, long V, const double *target, const double *marginal, double *score)
+{
+    for (long n = 0; n < N; n++) {
+        const double *tn = target + n * V, *mn = marginal + n * V;
+        long double sum = 0.0L;
+        for (long x = 0; x < V; x++)
+            sum += tn[x] < mn[x] ? tn[x] : mn[x];
+        score[n] = (double)sum;
     }
 }
