@@ -341,7 +341,6 @@ def test_the_shipped_drafter_is_lossless_on_the_default_pair() -> None:
     assert Path(mdv.__file__).parent.joinpath("assets_data", cfg["weights_file"]).stat().st_size <= 30e6
 
 
-# ---------------------------------------------------------------------------------- files and bad input
 # ---------------------------------------------------------------------------------- on weight panels
 @pytest.fixture(scope="module")
 def pair48(tmp_path_factory):
@@ -433,6 +432,7 @@ def test_step_cost_times_both_paths_side_by_side(pair48) -> None:
     assert panel_dtype_of(target.model) is None  # the packs are closed again
 
 
+# ---------------------------------------------------------------------------------- the calibration
 def test_the_calibration_times_the_eagle_call(target3, eagle_file) -> None:
     """mdv.paired.cost.calibrate(drafter="eagle"): the drafter gets the prefill's features, every (K, L) call
     is timed, and the target is left as prefilled, still recording features (as in the engine)."""
@@ -447,6 +447,7 @@ def test_the_calibration_times_the_eagle_call(target3, eagle_file) -> None:
     assert (tgt.length, tgt.rows) == (2 * len(PROMPT) - 1, 1) and tgt.record_features
 
 
+# ---------------------------------------------------------------------------------- files and bad input
 def test_save_and_load_round_trip(target3, eagle_file) -> None:
     net, cfg, ids = load_eagle(eagle_file)
     assert cfg["hidden_size"] == 32 and cfg["vocab_size"] == 16 and ids == sorted(set(range(0, 16, 2)) | {1, 3, 5, 7, 9})

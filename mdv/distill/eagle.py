@@ -341,9 +341,9 @@ def _step_times(tgt: Any, drafters: list[tuple[str, Any, int]], prompt: list[int
 
 def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> dict[str, Any]:
     """Median wall time (ms) of one target KV-cache step and one drafter step (1 and 3 rows), interleaved, on
-    the plain path (torch's linears; the target on transformers' forward) and, where the panel kernel runs, on mdv's fast path
-    (the target's lean forward on float32 weight panels; the drafter's own linears on panels in each dtype of
-    :data:`~mdv.drafters.eagle.EAGLE_PANEL_DTYPES`, its law computed as in a run)."""
+    the plain path (torch's linears; the target on transformers' forward) and, where the panel kernel runs, on
+    mdv's fast path (the target's lean forward on float32 weight panels; the drafter's own linears on panels in
+    each dtype of :data:`~mdv.drafters.eagle.EAGLE_PANEL_DTYPES`, its law computed as in a run)."""
     from mdv.drafters.eagle import EAGLE_PANEL_DTYPES, EagleDrafter
     from mdv.models.hf import HFModel
     from mdv.models.lean import LeanModel
@@ -351,7 +351,7 @@ def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> di
 
     tgt = HFModel(target)
 
-    def bound(K: int, panel_dtype: str | None = None) -> Any:
+    def bound(panel_dtype: str | None = None) -> Any:
         drf = EagleDrafter(file=str(eagle_file), panel_dtype=panel_dtype)
         drf.bind(tgt, None)
         return drf
@@ -361,7 +361,7 @@ def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> di
                 "ratio_to_target": {k: round(v / med["target"], 4) for k, v in med.items() if k != "target"},
                 "context_tokens": len(prompt), "reps": reps, "threads": torch.get_num_threads(), "note": note}
 
-    plain = _step_times(tgt, [("eagle_1", bound(1), 1), ("eagle_3", bound(3), 3)], prompt, reps)
+    plain = _step_times(tgt, [("eagle_1", bound(), 1), ("eagle_3", bound(), 3)], prompt, reps)
     out = summary(plain, "median single-token step with a KV cache; the drafter step is its layer plus norm and"
                          " head plus the law; plain path: the target on transformers' forward, the drafter's layer on"
                          " the lean layer loop's torch operations, torch's linears; CPU, shared machine")
@@ -371,7 +371,7 @@ def step_cost(target: Any, eagle_file: Path, prompt: list[int], reps: int) -> di
         return out
     with PanelPacks(target):
         lean = LeanModel.of(tgt)
-        drafters = [(f"eagle_1_{d}", bound(1, d), 1) for d in EAGLE_PANEL_DTYPES]
+        drafters = [(f"eagle_1_{d}", bound(d), 1) for d in EAGLE_PANEL_DTYPES]
         fast = _step_times(lean, drafters, prompt, reps)
     out["fast_path"] = summary(fast, "the same steps on mdv's fast path: the target's lean forward on float32 weight"
                                      " panels; the drafter's fc, layer (one C call) and subset head on panels in the"

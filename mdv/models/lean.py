@@ -70,7 +70,7 @@ def lean_support(model: Any) -> str | None:
     if why is not None:
         return why
     if not hasattr(dec, "embed_tokens"):
-        return f"the lean forward needs the decoder's embed_tokens and rotary_emb; {name} lacks one"
+        return f"the lean forward needs the decoder's embed_tokens; {name} has none"
     if getattr(model, "lm_head", None) is None:
         return f"the lean forward needs an lm_head; {name} has none"
     return None
@@ -90,7 +90,7 @@ def lean_layer_support(dec: Any, cfg: Any = None, name: str | None = None) -> st
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return f"the lean forward does not split linears (pretraining_tp={cfg.pretraining_tp})"
     if not hasattr(dec, "rotary_emb"):
-        return f"the lean forward needs the decoder's embed_tokens and rotary_emb; {name} lacks one"
+        return f"the lean forward needs the decoder's rotary_emb; {name} has none"
     if getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return f"the lean forward computes attention like sdpa/eager; {name} is set to {cfg._attn_implementation!r}"
     return None
@@ -364,4 +364,3 @@ class LeanLayerSession(LeanSession):
             return self._run_layers(x, positions, None)
         with torch.inference_mode():
             return self._run_layers(x, positions, None).clone()
-
