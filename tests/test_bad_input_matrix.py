@@ -587,6 +587,10 @@ CLI_CASES: dict[str, CliCase] = {
                                    r"dtype must be one of float32, bfloat16, float16, float64; got 'int8'"),
     "bench/unknown-dataset": CliCase("bench", {"benchmarks": "[e2e]", "e2e.pair": "tiny_random", "e2e.datasets": "[gsm9k]"},
                                      r"e2e.datasets: unknown dataset 'gsm9k'; valid datasets are: alpaca, gsm8k,"),
+    "bench/e2e-unknown-variant": CliCase("bench", {"benchmarks": "[e2e]", "e2e.pair": "tiny_random",
+                                                   "e2e.variants": "[lean+panel]"},
+                                         r"e2e.variants: unknown variant 'lean\+panel'; valid variants are: lean, lean\+panels,"
+                                         r" packed, panels, plain$"),
     "bench/draft_step-without-a-compiler": CliCase("bench", {"benchmarks": "[draft_step]", "draft_step.pair": "tiny_random"},
                                                     r"draft_step times the draft on weight panels: the panel kernel (needs an"
                                                     r" x86-64 CPU with AVX2|is compiled on first use, but no C compiler was"

@@ -409,6 +409,34 @@ def test_e2e_panel_cells_run_beside_the_plain_ones(tiny_pair, tmp_path, monkeypa
 
 
 @pytest.mark.skipif(not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler")
+def test_e2e_variants_name_the_cells_code_exactly(tiny_pair, tmp_path) -> None:
+    """e2e.variants=[lean+panels]: only those cells, each speedup over AR on the same code, no "x / plain"
+    column; an unknown or repeated variant, or a flag no listed variant uses, is one clear error before any
+    model loads."""
+    from mdv.bench.config import BenchConfig, validate
+    from mdv.bench.report.load import load_record
+    from mdv.bench.report.sections import section_e2e
+
+    cfg = E2EBench(pair=PairKind.tiny_random, datasets=[], n_prompts=3, max_new_tokens=6, temperatures=[0.0],
+                   methods=["sd"], K=[1], L=[2], goal_temperature=0.0, variants=["lean+panels"])
+    validate(BenchConfig(e2e=cfg))
+    rec = _check_record(bench.run_e2e(cfg, pair=tiny_pair), "e2e", tmp_path)
+    assert {(r["method"], r["variant"]) for r in rec["results"]} == {("ar", "lean+panels"), ("sd", "lean+panels")}
+    for r in rec["results"]:
+        assert r["panels"] and r["forward"] == "lean" and not any(k.endswith("_speed_vs_plain") for k in r), r
+        if r["method"] == "ar":
+            assert r["speedup"]["median"] == 1.0  # AR on the same code is the baseline
+    assert [g["met"] is not None for g in rec["goals"]] == [True, True]
+    text = "\n".join(section_e2e(load_record(tmp_path / "bench_e2e.json")))
+    assert "| sd lean+panels |" in text and "| ar lean+panels |" in text, text
+    for variants, flags, match in ((["lean+panel"], {}, r"e2e.variants: unknown variant 'lean\+panel'; valid variants are"),
+                                   (["plain", "plain"], {}, r"e2e.variants lists 'plain' twice"),
+                                   (["lean+panels"], {"packed": True}, r"none of it uses e2e.packed=true: add its variant")):
+        with pytest.raises(Exception, match=match):
+            validate(BenchConfig(e2e=E2EBench(variants=variants, **flags)))
+
+
+@pytest.mark.skipif(not _panels_available(), reason="the panel kernel needs AVX2, FMA and a C compiler")
 def test_pass_limit_benchmark_times_lean_variants_beside_the_lean_pass(tiny_pair, tmp_path) -> None:
     from mdv.bench.report.load import load_record
     from mdv.bench.report.sections import section_pass_limit

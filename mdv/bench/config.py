@@ -12,6 +12,9 @@ from mdv.errors import InvalidInputError, UnknownNameError, unknown_name
 
 MODEL_DTYPES = ("float32", "bfloat16", "float16", "float64")
 ALL_METHODS = ["sd", "bv", "gbv", "spectr", "spectr_gbv", "mdbv"]
+#: The target code an e2e cell can run on (mdv.bench.e2e): torch's linears and transformers' forward ("plain"),
+#: MKL packs, weight panels, the lean forward, the lean forward on the panels.
+E2E_VARIANTS = ("plain", "packed", "panels", "lean", "lean+panels")
 
 
 class Benchmark(str, enum.Enum):
@@ -126,6 +129,10 @@ class E2EBench:
     #: the shipped draft's layers are float16 values, its head rows are rounded) or int8 (a quarter, one scale
     #: per output column); the target stays float32
     draft_panel_dtype: str = "float32"
+    #: the code every cell runs on, exactly these, in this order (E2E_VARIANTS), each against AR on the same code;
+    #: [] = "plain" plus what packed / panels / lean ask for.  E.g. [lean+panels]: mdv's fast path alone, a third
+    #: of the time of plain + panels + lean+panels (no "x / plain speed" columns without "plain")
+    variants: list[str] = field(default_factory=list)
     #: goals at goal_temperature: the best setting >= goal_best x AR, sd at its best L >= goal_sd x AR.
     goal_temperature: float = 0.4
     goal_best: float = 2.0
@@ -344,6 +351,41 @@ def check_draft_step(cfg: DraftStepBench) -> None:
                                 f" L={cfg.L}, context={cfg.context}, repeats={cfg.repeats}, law_positions={cfg.law_positions}")
 
 
+def e2e_variants(e2e: E2EBench) -> list[str]:
+    """The code e2e's cells run on, in run order: ``e2e.variants``, else "plain", then "packed" (``packed``),
+    "panels" (``panels``), then "lean+panels" or "lean" (``lean``, on the panels when ``panels``)."""
+    if e2e.variants:
+        return list(e2e.variants)
+    return (["plain"] + (["packed"] if e2e.packed else []) + (["panels"] if e2e.panels else [])
+            + ([("lean+panels" if e2e.panels else "lean")] if e2e.lean else []))
+
+
+def e2e_needs(e2e: E2EBench, what: str) -> bool:
+    """Whether some e2e cell runs on ``what``: "packed" (MKL packs), "panels" (weight panels) or "lean" (the
+    lean forward), or "plain"."""
+    if what == "panels":
+        return any(v.endswith("panels") for v in e2e_variants(e2e))
+    if what == "lean":
+        return any(v.startswith("lean") for v in e2e_variants(e2e))
+    return what in e2e_variants(e2e)
+
+
+def check_e2e_variants(e2e: E2EBench) -> None:
+    """One clear error for an unknown or repeated ``e2e.variants`` entry, or a flag (packed / panels / lean) that
+    no listed variant uses (the list names the cells' code exactly, so the flag would silently do nothing)."""
+    for v in e2e.variants:
+        if v not in E2E_VARIANTS:
+            raise UnknownNameError(f"e2e.variants: {unknown_name('variant', v, list(E2E_VARIANTS))}")
+        if list(e2e.variants).count(v) > 1:
+            raise InvalidInputError(f"e2e.variants lists {v!r} twice; got {list(e2e.variants)}")
+    if e2e.variants:
+        unused = [f"e2e.{flag}=true" for flag in ("packed", "panels", "lean")
+                  if getattr(e2e, flag) and not e2e_needs(e2e, flag)]
+        if unused:
+            raise InvalidInputError(f"e2e.variants={list(e2e.variants)} names the cells' code exactly, and none of it"
+                                    f" uses {', '.join(unused)}: add its variant or drop the flag")
+
+
 def validate(cfg: BenchConfig) -> None:
     """Raise :class:`InvalidInputError` / ``UnknownNameError`` (one line) for values the schema's types
     cannot rule out."""
@@ -398,23 +440,25 @@ def validate(cfg: BenchConfig) -> None:
             raise UnknownNameError(f"e2e.drafters: {unknown_name('drafter', name, list(DRAFTERS))}")
         get_drafter(name, **dict(cfg.e2e.drafter_options.get(name) or {}))
     e2e = cfg.e2e
+    check_e2e_variants(e2e)
     from mdv.models.packed import check_pack_sizes, mkl_packing_available
 
     if cfg.pass_limit.packed:
         check_pack_sizes(list(cfg.pass_limit.pack_rungs))
-    if e2e.packed:
+    if e2e_needs(e2e, "packed"):
         check_pack_sizes(list(e2e.pack_rungs))
         if e2e.pack_cache < 1:
             raise InvalidInputError(f"e2e.pack_cache must be >= 1 (how many pack sizes stay built); got {e2e.pack_cache}")
-    if (e2e.packed or cfg.pass_limit.packed) and not mkl_packing_available():
+    if (e2e_needs(e2e, "packed") or cfg.pass_limit.packed) and not mkl_packing_available():
         raise InvalidInputError("e2e.packed / pass_limit.packed need a torch build with MKL (torch.backends.mkl is not"
                                 " available here); set them to false")
     draft_step = Benchmark.draft_step in [Benchmark(b) for b in cfg.benchmarks]
-    if e2e.panels or cfg.pass_limit.panels or draft_step:
+    e2e_panels = e2e_needs(e2e, "panels")
+    if e2e_panels or cfg.pass_limit.panels or draft_step:
         from mdv.models.panels import panel_kernel_status
 
         ok, why = panel_kernel_status()
-        if not ok and (e2e.panels or cfg.pass_limit.panels):
+        if not ok and (e2e_panels or cfg.pass_limit.panels):
             raise InvalidInputError(f"e2e.panels / pass_limit.panels: {why} (set them to false)")
         if not ok:
             raise InvalidInputError(f"draft_step times the draft on weight panels: {why} (leave draft_step out of benchmarks)")

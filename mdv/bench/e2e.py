@@ -21,6 +21,9 @@ it computes and q stays exact, so every method stays lossless; the target's pane
 With ``lean: true`` every cell also runs on mdv's lean decoder forward (:mod:`mdv.models.lean`) for the target
 and the draft model: variant ``lean`` with plain linears, or ``lean+panels`` on the panels when ``panels`` is
 true; its speedup is over AR on the same code.
+
+``variants`` names the code of every cell exactly instead (e.g. ``[lean+panels]``: mdv's fast path alone,
+without the plain cells and their "x / plain speed" columns).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import time
 from contextlib import nullcontext
 from typing import Any, Callable, Optional, Sequence
 
-from mdv.bench.config import E2EBench, TinyPair
+from mdv.bench.config import E2EBench, TinyPair, e2e_needs, e2e_variants
 from mdv.bench.pairs import pair_for, pair_identity, prompt_ids, torch_device
 from mdv.bench.records import bench_record, fmt_number, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, rotated, spread
@@ -59,7 +62,7 @@ def variant_forward(variant: str) -> str:
 
 def _e2e_cells(cfg: E2EBench) -> list[Cell]:
     """(method, K, L, drafter, variant) in run order: AR first (no K, L or drafter), then every drafter x
-    method; every cell plain, then packed (``cfg.packed``), on panels (``cfg.panels``), then lean (``cfg.lean``)."""
+    method; every cell on each of :func:`~mdv.bench.config.e2e_variants` (plain, then packed, panels, lean)."""
     from mdv.verify.registry import VERIFIERS
 
     plain: list[tuple[str, int | None, int | None, str | None]] = [("ar", None, None, None)]
@@ -69,8 +72,7 @@ def _e2e_cells(cfg: E2EBench) -> list[Cell]:
                 for L in cfg.L:
                     if (m, K, L, d) not in plain:
                         plain.append((m, K, L, d))
-    variants = (["plain"] + (["packed"] if cfg.packed else []) + (["panels"] if cfg.panels else [])
-                + ([("lean+panels" if cfg.panels else "lean")] if cfg.lean else []))
+    variants = e2e_variants(cfg)
     return [(*c, v) for c in plain for v in variants]
 
 
@@ -156,11 +158,12 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
 
     for d in cfg.drafters:  # a drafter that cannot run on this pair fails here, before any generation
         get_drafter(d, **dict(cfg.drafter_options.get(d) or {})).bind(target, draft)
-    if cfg.packed or cfg.panels:  # float32 on the CPU (and MKL for the packs), or one clear error now
+    on_packs, on_panels, on_lean, with_plain = (e2e_needs(cfg, w) for w in ("packed", "panels", "lean", "plain"))
+    if on_packs or on_panels:  # float32 on the CPU (and MKL for the packs), or one clear error now
         from mdv.models.packed import check_packable, float32_cpu_linears
 
-        (check_packable if cfg.packed else float32_cpu_linears)(target.model)
-    draft_panel_dtype = check_draft_panel_dtype(cfg.draft_panel_dtype, bool(cfg.panels))
+        (check_packable if on_packs else float32_cpu_linears)(target.model)
+    draft_panel_dtype = check_draft_panel_dtype(cfg.draft_panel_dtype, on_panels)
     prompts, label = prompt_ids(tok, cfg.datasets, cfg.n_prompts, cfg.seed)
     cells = _e2e_cells(cfg)
     results: list[dict[str, Any]] = []
@@ -169,14 +172,14 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
     from mdv.models.session import tree_capable
 
     tree = tree_capable(target.new_session())
-    packs = PackCache(target.model, cfg.pack_cache) if cfg.packed else None
+    packs = PackCache(target.model, cfg.pack_cache) if on_packs else None
     panels: Any = None
-    if cfg.panels:  # one pack of the target and one of the draft serve every cell (the kernel compiles, or fails, here)
+    if on_panels:  # one pack of the target and one of the draft serve every cell (the kernel compiles, or fails, here)
         from mdv.models.panels import PanelPacks
 
         panels = PacksTogether(PanelPacks(target.model), PanelPacks(draft.model, dtype=draft_panel_dtype))
     lean_pair: tuple[Any, Any] | None = None
-    if cfg.lean:  # both models must run lean (Llama-like decoders), or one clear error now
+    if on_lean:  # both models must run lean (Llama-like decoders), or one clear error now
         from mdv.models.lean import LeanModel
 
         lean_pair = (LeanModel.of(target), LeanModel.of(draft))
@@ -222,7 +225,7 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
                        "speedup_e2e": spread(speed_e2e),
                        "block_efficiency": tokens / calls if calls else float("nan"),
                        "time_split": split, "n_timed_prompts": len(timed)}
-                if variant != "plain":
+                if variant != "plain" and with_plain:
                     plain = stats[(m, K, L, d, "plain")][1:]
                     #: plain decode s / this cell's decode s per prompt: what the packs, panels or lean forward gain here
                     row[f"{'lean' if forward == 'lean' else linears}_speed_vs_plain"] = spread(ratios_of([s["decode_s"] for s in plain],
@@ -236,10 +239,12 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
             packs.free()
         if panels is not None:
             panels.free()
-    packed_col, panels_col, lean_col = bool(cfg.packed), bool(cfg.panels), bool(cfg.lean)
+    # the "x / plain speed" columns need the plain cells
+    packed_col, panels_col, lean_col = (with_plain and on for on in (on_packs, on_panels, on_lean))
+    code_col = on_panels or on_lean or not with_plain
     rows = [[r["temperature"], r["method"], r["drafter"] or "-", r["K"] or "-", r["L"] or "-"]
-            + ([r["variant"]] if panels_col or lean_col else [])
-            + ([r["pack_size"] if r["packed"] else "-"] if packed_col else []) + [
+            + ([r["variant"]] if code_col else [])
+            + ([r["pack_size"] if r["packed"] else "-"] if on_packs else []) + [
              range_text(r["tokens_per_second"]),
              range_text(r["speedup"]), fmt_number(r["block_efficiency"]),
              " / ".join(f"{100 * r['time_split'][k]:.0f}%" if not math.isnan(r["time_split"][k]) else "-"
@@ -251,14 +256,14 @@ def run_e2e(cfg: E2EBench, pair: tuple[Any, Any, Any] | None = None, tiny: TinyP
     print_table(f"end to end: {target.name} + {draft.name}; {len(prompts) - 1} timed prompts (+1 warm-up) x"
                 f" {cfg.max_new_tokens} new tokens from {label}; decode speedup = AR decode s / method decode s per"
                 " prompt, median [min, max]" + ("; packed rows: linears on MKL packs for that many rows, speedup vs packed AR"
-                                              if packed_col else "")
+                                              if on_packs else "")
                 + ("; panels: the target's and draft's linears on weight panels (mdv.models.panels), speedup vs AR on panels"
                    + (f" (the draft's panels in {cfg.draft_panel_dtype})" if cfg.draft_panel_dtype != "float32" else "")
-                   if panels_col else "")
+                   if on_panels else "")
                 + ("; lean: target and draft on mdv's lean decoder forward (mdv.models.lean), speedup vs AR on the same code"
-                   if lean_col else ""),
-                ["T", "method", "drafter", "K", "L"] + (["code"] if panels_col or lean_col else [])
-                + (["packed rows"] if packed_col else [])
+                   if on_lean else ""),
+                ["T", "method", "drafter", "K", "L"] + (["code"] if code_col else [])
+                + (["packed rows"] if on_packs else [])
                 + ["tokens/s", "speedup vs AR", "block eff.", "draft/target/verify/other"]
                 + (["packed / plain speed"] if packed_col else []) + (["panels / plain speed"] if panels_col else [])
                 + (["lean / plain speed"] if lean_col else []), rows)
