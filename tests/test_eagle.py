@@ -69,6 +69,19 @@ def bound(target: HFModel, file: Path) -> EagleDrafter:
     return drf
 
 
+def worst_q_gap(drf, records: list[StepRecord]) -> tuple[float, int]:
+    """The largest |q - drf.reference_law| over every drafted position the verifier saw, and how many laws."""
+    worst, checked = 0.0, 0
+    for rec in records:
+        for k in range(rec.block.K):
+            for i in range(rec.block.L):
+                ctx = list(rec.context) + rec.block.tokens[0, k, :i].tolist()
+                ref = drf.reference_law(ctx, SamplingConfig(1.0), committed=len(rec.context))
+                worst = max(worst, (rec.block.q[0, k, i] - ref).abs().max().item())
+                checked += 1
+    return worst, checked
+
+
 # ---------------------------------------------------------------------------------- parity and features
 @pytest.mark.parametrize("target_pass", ["tree", "rows"])
 def test_recorded_q_equals_the_reference_law_along_generations(target3, eagle_file, target_pass: str) -> None:
@@ -77,15 +90,8 @@ def test_recorded_q_equals_the_reference_law_along_generations(target3, eagle_fi
     for seed in range(3):
         generate(target3, None, PROMPT, "spectr", K=3, L=3, max_new_tokens=20, seed=seed, eos_token_id=[],
                  drafter=drf, on_step=records.append, target_pass=target_pass)
-    worst, checked, rejected = 0.0, 0, 0
-    for rec in records:
-        rejected += int(rec.outcome.tau[0]) < rec.block.L
-        for k in range(rec.block.K):
-            for i in range(rec.block.L):
-                ctx = list(rec.context) + rec.block.tokens[0, k, :i].tolist()
-                ref = drf.reference_law(ctx, SamplingConfig(1.0), committed=len(rec.context))
-                worst = max(worst, (rec.block.q[0, k, i] - ref).abs().max().item())
-                checked += 1
+    rejected = sum(int(rec.outcome.tau[0]) < rec.block.L for rec in records)
+    worst, checked = worst_q_gap(drf, records)
     assert rejected > 5 and checked > 100, (rejected, checked)
     assert worst < 1e-9, worst
 
@@ -107,10 +113,7 @@ def test_the_layer_runs_on_the_lean_loop_and_transformers_is_its_fallback(target
         generate(target3, None, PROMPT, "mdbv", K=2, L=3, max_new_tokens=16, seed=5, eos_token_id=[],
                  drafter=drf, on_step=records.append)
         assert isinstance(drf._cache, kind)
-        worst = max((rec.block.q[0, k, i] - drf.reference_law(list(rec.context) + rec.block.tokens[0, k, :i].tolist(),
-                                                                SamplingConfig(1.0), committed=len(rec.context))
-                     ).abs().max().item()
-                    for rec in records for k in range(rec.block.K) for i in range(rec.block.L))
+        worst, _ = worst_q_gap(drf, records)
         assert worst < 1e-9, (kind, worst)
         greedy = generate(target3, None, PROMPT, "spectr", K=3, L=3, temperature=0.0, max_new_tokens=16,
                           eos_token_id=[], drafter=drf).tokens
@@ -397,14 +400,7 @@ def test_on_panels_recorded_q_is_the_reference_law_and_greedy_is_ar(pair48, pane
             generate(lean, None, prompt, "spectr", K=3, L=3, max_new_tokens=16, seed=seed, eos_token_id=[],
                      drafter=drf, on_step=records.append)
         assert drf.panel_dtype == getattr(torch, panel_dtype)
-        worst, checked = 0.0, 0
-        for rec in records:
-            for k in range(rec.block.K):
-                for i in range(rec.block.L):
-                    ctx = list(rec.context) + rec.block.tokens[0, k, :i].tolist()
-                    ref = drf.reference_law(ctx, SamplingConfig(1.0), committed=len(rec.context))
-                    worst = max(worst, (rec.block.q[0, k, i] - ref).abs().max().item())
-                    checked += 1
+        worst, checked = worst_q_gap(drf, records)
         greedy = {m: generate(lean, None, prompt, m, K=K, L=3, temperature=0.0, max_new_tokens=24, eos_token_id=[],
                               drafter="eagle", drafter_options={"file": str(file), "panel_dtype": panel_dtype}).tokens
                   for m, K in (("sd", 1), ("spectr", 3), ("mdbv", 3))}
