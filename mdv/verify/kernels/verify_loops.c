@@ -296,18 +296,26 @@ static double int_power(double x, int m)  /* x^m by repeated products, as torch'
     return out;
 }
 
-/* d^(1/3) for d in [FILL_EPS, 1] (where fill uses its root; elsewhere the result is discarded): Newton's
- * y <- (2 y + d / y^2) / 3 from y0 = d^(5/16) = d^(1/4) d^(1/16) (four square roots), which lies above the
- * root by a factor d^(-1/48) <= 1.34 there, so five steps converge from above (relative errors at most
- * 0.33, 0.077, 5.3e-3, 2.8e-5, 8e-10, then rounding: within 4 ulp of libm's cbrt, tested).  Unlike cbrt
- * it vectorises. */
+/* d^(1/3) for d in [FILL_EPS, 1] (where fill uses its root; elsewhere the result is discarded) without a
+ * division or a square root (~4x cheaper than Newton on y^3 = d from a square-root seed, which took five
+ * divisions).  z = d^(-1/3) is seeded by the exponent bits, z0 = bits(0x553ef000 - hi(d) / 3) (hi: the upper
+ * 32 bits; relative error at most 0.035 for every normal d), refined by four Newton steps
+ * z <- z + z (1 - d z^3) / 3 (errors at most 2.4e-3, 1.2e-5, 2.8e-10, then rounding); then y = d z^2 and one
+ * Newton step on y^3 = d, y <- y - (y^3 - d) z^2 / 3 (z^2 = 1/y^2 to rounding), leave it within 1 ulp of the
+ * exact root (tested against a correctly rounded one; libm's cbrt is off by up to 3 ulp).  At d = 0 it gives
+ * NaN (0 z^3 with z^3 = inf), as the old root's 0/0 did: fill discards it there.
+ * The integer division by 3 is by a constant, so it vectorises as a multiplication. */
 static inline double cube_root(double d)
 {
-    double r4 = sqrt(sqrt(d));
-    double y = r4 * sqrt(sqrt(r4));
-    for (int k = 0; k < 5; k++)
-        y = (y + y + d / (y * y)) / 3.0;
-    return y;
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    bits = (uint64_t)(0x553ef000u - (uint32_t)(bits >> 32) / 3u) << 32;
+    double z;
+    memcpy(&z, &bits, sizeof z);
+    for (int k = 0; k < 4; k++)
+        z = z + z * ((1.0 - d * ((z * z) * z)) * (1.0 / 3.0));
+    double y = d * (z * z);
+    return y - ((y * y) * y - d) * (z * z) * (1.0 / 3.0);
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__)
