@@ -13,8 +13,9 @@ references, on the same rows:
 * the closed-form marginals' C passes against their torch references on the same rows (V from 3 to 49,152,
   m = 2..5, zeros in p and q): K-SEQ's factors (the elementwise ones bit for bit, those through a sum over V
   to 1e-15), ``fill``'s marks bit for bit with :func:`fill_marks` and its factors with ``fill_factors``'s
-  (bit for bit but the total's 1e-15), each rule's ``acc += w * marginal`` bit for bit given the same
-  factors (K-SEQ's to 1e-15: its fallback sums over V), the choice's scores to 1e-15;
+  (bit for bit but the total's 1e-15), each rule's ``acc += w * marginal`` bit for bit given the same factors
+  (``fill``'s added in its factors' last pass; K-SEQ's to 1e-15: its fallback sums over V), the choice's scores
+  to 1e-15;
 * a row gets the same bits alone or in a batch, and so does a prefix's whole law (rule, q_S, kernel rows)
   up to V = 49,152;
 * without the library (no compiler, a failing compiler, ``MDV_NATIVE_LOOPS=0``) the references run:
@@ -207,6 +208,24 @@ def test_fill_marks_in_c_equal_the_scalar_transcription_and_the_torch_sweeps(V: 
     torch.testing.assert_close(got, fill_marks_torch(q, target, order, m), rtol=0, atol=1e-8)
 
 
+@pytest.mark.parametrize("V", (70, 5000))
+@pytest.mark.parametrize("m", (2, 3, 4, 5))
+def test_fill_sweeps_stopped_at_a_fixed_point_give_the_bits_of_every_sweep(V: int, m: int) -> None:
+    """Where every target is out of reach (P(u)/Q_S(u) large, as at the benchmark's deep prefixes) the thetas
+    are fixed after the first sweep and the C loop stops there: the bits of the scalar transcription,
+    which runs every sweep."""
+    rng = np.random.default_rng(900 + 7 * V + m)
+    p, q = _rows(rng, 5, V)
+    ratio = torch.tensor([20.0, 1e3, 1.0, 3.0, 0.5], dtype=torch.float64)  # rows 0 and 1: out of reach
+    target = ratio.unsqueeze(-1) * p
+    order = fill_order(p, q)
+    got = fill_marks(q, target, order, m)
+    for n in range(5):
+        assert got[n].tolist() == _fill_marks_scalar(q[n].tolist(), target[n].tolist(), order[n].tolist(), m), n
+    one_sweep = native.fill_marks(native.loops_library(), q, target, order, m, 1, FILL_EPS, FILL_EPS ** (1.0 / m - 1.0))
+    assert torch.equal(got[:2], one_sweep[:2])  # the fixed point the early stop takes
+
+
 # ------------------------------------------------------------------------------------------ the marginals
 MARGINAL_SIZES = (3, 8, 70, 300, 5000, 49152)
 
@@ -260,10 +279,13 @@ def test_fill_law_and_marginal_in_c_equal_the_marks_and_the_torch_factors(V: int
     torch.testing.assert_close(got.below, want.below, rtol=0, atol=1e-15)  # the unmarked total: long double
     alone = fill_law(p[3:4], q[3:4], ratio[3:4], m, order[3:4])
     assert all(torch.equal(getattr(alone, k), getattr(got, k)[3:4]) for k in ("theta", "qs", "others", "below"))
-    lib = native.loops_library()
-    acc, start, weight = _accumulated(lambda w, a: native.fill_marginal_add(
-        lib, got.order, got.qs, got.marked, got.unmarked, got.others, got.below, m, w, a), q, rng)
-    assert torch.equal(acc, start + weight[:, None] * fill_marginal(got, m))  # the same factors: the same bits
+    laws = []  # the marginal added in the factors' last pass: the same factors, and the torch marginal's bits
+    acc, start, weight = _accumulated(lambda w, a: laws.append(fill_law(p, q, ratio, m, order, None, w, a)), q, rng)
+    fields = ("theta", "qs", "ths", "marked", "unmarked", "others", "below")
+    assert all(torch.equal(getattr(laws[0], k), getattr(got, k)) for k in fields)
+    assert torch.equal(acc, start + weight[:, None] * fill_marginal(got, m))
+    ranked = selection.fill_ranked(p, q, ratio, order)  # the rows gathered once for every count: the same law
+    assert all(torch.equal(getattr(fill_law(p, q, ratio, m, order, ranked), k), getattr(got, k)) for k in fields)
 
 
 @pytest.mark.parametrize("V", MARGINAL_SIZES)

@@ -20,7 +20,7 @@ C (this module)            reference                                           b
 :func:`kseq_rho`           :meth:`mdv.verify.selection.SortedMasses.row_rho`   equal
 :func:`fill_marks`         :func:`mdv.verify.selection.fill_marks_torch`       see below
 :func:`fill_law`           :func:`mdv.verify.selection.fill_factors` of those  equal (below: 1e-15)
-:func:`fill_marginal_add`  ``acc + pi(m) * selection.fill_marginal``           equal
+:func:`fill_law` (acc)     ``acc + pi(m) * selection.fill_marginal``           equal
 :func:`lex_marginal_add`   ``acc + pi(m) * selection.lex_marginal``            equal
 :func:`kseq_factors`       :func:`mdv.verify.selection.kseq_factors_torch`     sums: 1e-15, else equal
 :func:`kseq_marginal_add`  ``acc + pi(m) * selection.kseq_marginal``           its sum's rounding (1e-15)
@@ -31,7 +31,8 @@ Where the reference sums over V in torch (whose reductions are not sequential, a
 differently from a batch of rows when several threads run), C sums left to right in long double, so a row
 gets the same bits alone or in a batch; the choice's scores (:func:`overlap`) depend on that.
 
-``fill``'s sweeps equal a scalar transcription bit for bit (tests/test_verify_native.py); against the torch
+``fill``'s sweeps equal a scalar transcription bit for bit (tests/test_verify_native.py: the C loop stops
+early where a sweep would repeat the last one, which gives the same bits as running them all); against the torch
 sweeps they differ where torch's vectorised sqrt and pow round differently, and the sweeps carry those
 last bits through their cumulative sums (1e-13 at V = 8, 1e-9 at V = 300, 1e-4 at V = 49,152: the
 recursion is that sensitive; the law is computed from the thetas actually used, so either is exact).
@@ -93,10 +94,8 @@ def loops_library() -> ctypes.CDLL | None:
     lib.sel_kseq_factors.restype = None
     lib.sel_kseq_marginal.argtypes = [_c_long, _c_long, _c_int] + [_ptr] * 7
     lib.sel_kseq_marginal.restype = None
-    lib.sel_fill_law.argtypes = [_c_long, _c_long, _c_int, _c_int, _c_double, _c_double] + [_ptr] * 11
+    lib.sel_fill_law.argtypes = [_c_long, _c_long, _c_int, _c_int, _c_double, _c_double] + [_ptr] * 12
     lib.sel_fill_law.restype = None
-    lib.sel_fill_marginal.argtypes = [_c_long, _c_long, _c_int] + [_ptr] * 8
-    lib.sel_fill_marginal.restype = None
     lib.sel_overlap.argtypes = [_c_long, _c_long] + [_ptr] * 3
     lib.sel_overlap.restype = None
     return lib
@@ -123,9 +122,9 @@ def rank_order(lib: ctypes.CDLL, p: Tensor, q: Tensor) -> Tensor:
     N, V = q.shape
     order = torch.empty((N, V), dtype=torch.int64)
     keys, keys2 = torch.empty(V, dtype=torch.int64), torch.empty(V, dtype=torch.int64)  # uint64 bits in C
-    idx2 = torch.empty(V, dtype=torch.int64)
+    ids = torch.empty(V, dtype=torch.int64)  # two uint32 id buffers in C
     lib.sel_rank_order(N, V, p.data_ptr(), q.data_ptr(), order.data_ptr(), keys.data_ptr(), keys2.data_ptr(),
-                       idx2.data_ptr())
+                       ids.data_ptr())
     return order
 
 
@@ -215,29 +214,26 @@ def kseq_marginal_add(lib: ctypes.CDLL, mu: Tensor, nu: Tensor, o: Tensor, res: 
                           _accumulator(acc))
 
 
-def fill_law(lib: ctypes.CDLL, q: Tensor, target: Tensor, order: Tensor, m: int, sweeps: int, eps: float,
-             line: float) -> tuple[Tensor, ...]:
-    """``fill``'s marks and factors with m survivors: (theta [N, V] in token space; qs, ths, marked, unmarked,
-    others, below [N, V] in rank order), :class:`~mdv.verify.selection.FillFactors`' fields; theta has the bits
-    of :func:`fill_marks`.  q, target: CPU float64 [N, V]; order: [N, V]."""
-    q, target = _rows_of(q, target)
+def fill_law(lib: ctypes.CDLL, qs: Tensor, ts: Tensor, order: Tensor, m: int, sweeps: int, eps: float, line: float,
+             weight: Tensor | None = None, acc: Tensor | None = None) -> tuple[Tensor, ...]:
+    """``fill``'s marks and factors with m survivors: (theta [N, V] in token space; ths, marked, unmarked,
+    others, below [N, V] in rank order), :class:`~mdv.verify.selection.FillFactors`' fields but order and qs;
+    theta has the bits of :func:`fill_marks`.  Given weight [N] and acc (contiguous CPU float64 [N, V]), also
+    ``acc += weight * fill's marginal`` in place, in the factors' last pass.  qs, ts: q and the targets in rank
+    order, CPU float64 [N, V]; order: [N, V]."""
+    qs, ts = _rows_of(qs, ts)
     order = order.to(torch.int64).contiguous()
-    N, V = q.shape
-    out = [torch.empty((N, V), dtype=torch.float64) for _ in range(7)]
-    work = torch.empty(2 * V, dtype=torch.float64)
-    lib.sel_fill_law(N, V, m, sweeps, eps, line, q.data_ptr(), target.data_ptr(), order.data_ptr(),
-                     *(t.data_ptr() for t in out), work.data_ptr())
+    N, V = qs.shape
+    out = [torch.empty((N, V), dtype=torch.float64) for _ in range(6)]
+    work = torch.empty(V, dtype=torch.float64)
+    if acc is None:
+        weight_ptr = acc_ptr = None
+    else:
+        weight = _rows_of(weight)[0]
+        weight_ptr, acc_ptr = weight.data_ptr(), _accumulator(acc)
+    lib.sel_fill_law(N, V, m, sweeps, eps, line, qs.data_ptr(), ts.data_ptr(), order.data_ptr(),
+                     *(t.data_ptr() for t in out), weight_ptr, acc_ptr, work.data_ptr())
     return tuple(out)
-
-
-def fill_marginal_add(lib: ctypes.CDLL, order: Tensor, qs: Tensor, marked: Tensor, unmarked: Tensor, others: Tensor,
-                      below: Tensor, m: int, weight: Tensor, acc: Tensor) -> None:
-    """``acc += weight * fill's marginal`` with m >= 2 survivors from its factors (rank order [N, V]), in place
-    in token space.  order: [N, V]; weight: [N]; acc: contiguous CPU float64 [N, V]."""
-    qs, marked, unmarked, others, below, weight = _rows_of(qs, marked, unmarked, others, below, weight)
-    order = order.to(torch.int64).contiguous()
-    lib.sel_fill_marginal(qs.shape[0], qs.shape[1], m, order.data_ptr(), *(t.data_ptr() for t in (
-        qs, marked, unmarked, others, below, weight)), _accumulator(acc))
 
 
 def overlap(lib: ctypes.CDLL, target: Tensor, marginal: Tensor) -> Tensor:
@@ -249,4 +245,4 @@ def overlap(lib: ctypes.CDLL, target: Tensor, marginal: Tensor) -> Tensor:
 
 
 __all__ = ["loops_library", "native_rows", "kseq_rho_active", "rank_order", "fill_marks", "lex_below", "sorted_masses", "kseq_rho",
-           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "fill_marginal_add", "overlap"]
+           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "overlap"]

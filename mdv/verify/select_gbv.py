@@ -121,13 +121,15 @@ class _Walk:
         head = next(j for j, d in enumerate(self.prefixes[b]) if d[i] == prefix)  # first draft through it
         parent = self.at(b, head, i - 1) if i > 0 else None
         p_row, q_row = self.p_eff[b, head, i], (self.block.q[b, head, i] if i < self.L else None)
-        # instances whose prefixes carry the same rows share the node (the oracle's instances share a context)
-        content = (id(parent), prefix[-1] if i else -1, self.p_rows[b, head, i].tobytes(),
-                   self.q_rows[b, head, i].tobytes() if q_row is not None else b"")
-        node = self.shared.get(content)
-        if node is None:
-            node = self._make(parent, prefix[-1] if i else -1, p_row, q_row)
-            self.shared[content] = node
+        x = prefix[-1] if i else -1
+        if len(self.token_lists) == 1:  # one instance: no other prefix has its node (a key copies and hashes 2 rows)
+            node = self._make(parent, x, p_row, q_row)
+        else:  # instances whose prefixes carry the same rows share the node (the oracle's instances share a context)
+            content = (id(parent), x, self.p_rows[b, head, i].tobytes(),
+                       self.q_rows[b, head, i].tobytes() if q_row is not None else b"")
+            node = self.shared.get(content)
+            if node is None:
+                node = self.shared[content] = self._make(parent, x, p_row, q_row)
         self.memo[key] = node
         return node
 

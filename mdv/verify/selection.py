@@ -67,7 +67,8 @@ T_m(x, .) only at the tokens it follows, so q_S comes from each rule's closed-fo
 (:func:`lex_marginal`, :func:`kseq_marginal`, :func:`fill_marginal`: O(m V) per survivor count m) and the
 kernel rows from the same factors at one token (:meth:`NodeLaw.rows`).  One sort of V serves the three rules:
 ``fill``'s rank order, K-SEQ's rho* (prefix sums in that order, :class:`SortedMasses`) and, above MEMO_MAX_V,
-``lex``'s c(x) (:func:`lex_below`); ``fill`` adds FILL_SWEEPS passes per survivor count for its marks.  On CPU
+``lex``'s c(x) (:func:`lex_below`); ``fill`` adds up to FILL_SWEEPS passes per survivor count for its marks
+(in C they stop where a sweep would repeat the last one: a fixed point, the same bits).  On CPU
 float64 rows all of this runs in C (:mod:`mdv.verify.native`; torch and numpy are the references and the path
 on GPUs or without a C compiler): the loops (the sort, the prefix sums, rho*'s bisection, lex's c and fill's
 sweeps), per rule and count the factors and ``pi(m)`` times the marginal, added straight into the rule's row
@@ -88,7 +89,6 @@ from torch import Tensor
 from mdv.verify._math import TOL
 from mdv.verify.mpbv import below_mass, power_sum, ratio_scores
 from mdv.verify.native import fill_law as native_fill_law
-from mdv.verify.native import fill_marginal_add as native_fill_marginal_add
 from mdv.verify.native import fill_marks as native_fill_marks
 from mdv.verify.native import kseq_factors as native_kseq_factors
 from mdv.verify.native import kseq_marginal_add as native_kseq_marginal_add
@@ -468,16 +468,30 @@ class FillFactors:
         return torch.empty_like(self.order).scatter_(-1, self.order, pos)
 
 
-def fill_law(p: Tensor, q: Tensor, ratio: Tensor, m: int, order: Tensor) -> FillFactors:
+def fill_law(p: Tensor, q: Tensor, ratio: Tensor, m: int, order: Tensor, ranked: tuple[Tensor, Tensor] | None = None,
+             weight: Tensor | None = None, acc: Tensor | None = None) -> FillFactors:
     """:class:`FillFactors` of ``fill`` with m survivors at its own marks: :func:`fill_factors` of
     :func:`fill_rule`.  One C call on CPU float64 rows (:func:`mdv.verify.native.fill_law`: the sweeps of
     :func:`fill_marks`, the same thetas bit for bit, then the factors in the same pass over the rank order;
-    the unmarked total in long double), else the two in torch.  p, q, order: [N, V]; ratio: [N]."""
+    the unmarked total in long double), else the two in torch.  Given weight [N] and acc [N, V] (contiguous
+    CPU float64 on the C path), also ``acc += weight * fill_marginal(law, m)`` in place, in C in the factors'
+    last pass (the same bits).  p, q, order: [N, V]; ratio: [N]; ranked: :func:`fill_ranked` if already
+    computed (the C path's inputs, the same at every count)."""
     lib = native_rows(p, q)
     if lib is None:
-        return fill_factors(q, fill_rule(p, q, ratio, m, order)[0], order)
-    fields = native_fill_law(lib, q, ratio.unsqueeze(-1) * p, order, m, FILL_SWEEPS, FILL_EPS, _fill_line(m))
-    return FillFactors(fields[0], order, *fields[1:])
+        f = fill_factors(q, fill_rule(p, q, ratio, m, order)[0], order)
+        if acc is not None:
+            acc.add_(weight[:, None] * fill_marginal(f, m))
+        return f
+    qs, ts = fill_ranked(p, q, ratio, order) if ranked is None else ranked
+    fields = native_fill_law(lib, qs, ts, order, m, FILL_SWEEPS, FILL_EPS, _fill_line(m), weight, acc)
+    return FillFactors(fields[0], order, qs, *fields[1:])
+
+
+def fill_ranked(p: Tensor, q: Tensor, ratio: Tensor, order: Tensor) -> tuple[Tensor, Tensor]:
+    """(q, the targets ``ratio * p``) in rank order, what ``fill``'s sweeps read at every survivor count.
+    p, q, order: [N, V]; ratio: [N] -> [N, V] each."""
+    return q.gather(-1, order), (ratio.unsqueeze(-1) * p).gather(-1, order)
 
 
 def fill_factors(q: Tensor, theta: Tensor, order: Tensor) -> FillFactors:
@@ -560,6 +574,7 @@ class NodeLaw:
         self._factors: dict[tuple[str, int], Any] = {}
         self._table: Tensor | None = None
         self._masses: SortedMasses | None = None
+        self._ranked: tuple[Tensor, Tensor] | None = None  # fill_ranked
 
     def kseq(self, m: int) -> KseqFactors:
         if ("kseq", m) not in self._factors:
@@ -572,12 +587,20 @@ class NodeLaw:
             self._factors["kseq", m] = kseq_factors(self.p, self.q, m, self._masses.rho(m))
         return self._factors["kseq", m]
 
-    def fill(self, m: int) -> FillFactors:
-        if ("fill", m) not in self._factors:
+    def fill(self, m: int, weight: Tensor | None = None, acc: Tensor | None = None) -> FillFactors:
+        """``fill``'s factors with m survivors; given weight [N] and acc [N, V], also ``acc += weight *`` its
+        marginal (:func:`fill_law`: in C in the pass that computes the factors, when they are new)."""
+        f = self._factors.get(("fill", m))
+        if f is None:
             if self.order is None:
                 self.order = fill_order(self.p, self.q)
-            self._factors["fill", m] = fill_law(self.p, self.q, self.ratio, m, self.order)
-        return self._factors["fill", m]
+            if self._ranked is None:  # gathered once for every count
+                self._ranked = fill_ranked(self.p, self.q, self.ratio, self.order)
+            f = self._factors["fill", m] = fill_law(self.p, self.q, self.ratio, m, self.order, self._ranked, weight,
+                                                    acc)
+        elif acc is not None:
+            acc.add_(weight[:, None] * fill_marginal(f, m))
+        return f
 
     def lex_c(self) -> Tensor:
         if self.below is None:
@@ -598,9 +621,7 @@ class NodeLaw:
                 elif rule == "lex":
                     native_lex_marginal_add(lib, self.q, self.lex_c(), m, weight, acc)
                 elif rule == "fill":
-                    f = self.fill(m)
-                    native_fill_marginal_add(lib, f.order, f.qs, f.marked, f.unmarked, f.others, f.below, m, weight,
-                                             acc)
+                    self.fill(m, weight, acc)
                 else:
                     f = self.kseq(m)
                     native_kseq_marginal_add(lib, f.mu, f.nu, f.o, f.res, f.r, m, weight, acc)
@@ -717,5 +738,5 @@ def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
 
 __all__ = ["RULES", "MODES", "CHOICE_TOL", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses",
            "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "lex_below_torch", "kseq_kernel", "kseq_factors", "kseq_marginal",
-           "kseq_factors_torch", "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_law", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
+           "kseq_factors_torch", "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_law", "fill_ranked", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
            "overlap", "node_step", "root_survivors", "advance_survivors"]

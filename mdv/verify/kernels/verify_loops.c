@@ -99,46 +99,52 @@ double kseq_rho_active(long V, const double *p, const double *q, double k, int i
 /* fill's rank order: token ids by (p/q, -x) descending, p/q := 0 where q = 0 (selection.fill_order: a
  * stable ascending sort of the negated float64 bit patterns of the ratios).  The ratios are >= 0, so
  * ~bits sorts ascending exactly as the ratios sort descending; an LSD radix sort is stable, so ties keep
- * increasing token ids and the permutation equals torch's stable sort's.  Bytes on which every key agrees
- * are skipped.  p, q: [N, V]; order: [N, V]; keys, keys2: [V] uint64; idx2: [V] int64 (work). */
+ * increasing token ids and the permutation equals torch's stable sort's.  The eight byte histograms are
+ * counted in the pass that makes the keys (one read of the keys per byte, not two), bytes on which every key
+ * agrees are skipped, and the ids move as uint32 (V < 2^32; 12 bytes a move, not 16), widened at the end.
+ * p, q: [N, V]; order: [N, V]; keys, keys2: [V] uint64; ids: [V] int64, read as two [V] uint32 (work). */
 void sel_rank_order(long N, long V, const double *p, const double *q, int64_t *order,
-                    uint64_t *keys, uint64_t *keys2, int64_t *idx2)
+                    uint64_t *keys, uint64_t *keys2, int64_t *ids)
 {
+    long count[8][256];
+    uint32_t *ids_a = (uint32_t *)ids, *ids_b = ids_a + V;
+    if (V == 0)
+        return;
     for (long n = 0; n < N; n++) {
         const double *pn = p + n * V, *qn = q + n * V;
-        int64_t *idx = order + n * V;
-        uint64_t all_and = ~(uint64_t)0, all_or = 0;
+        memset(count, 0, sizeof count);
         for (long x = 0; x < V; x++) {
             double r = qn[x] > 0.0 ? pn[x] / qn[x] : 0.0;
             r = r + 0.0;  /* -0.0 -> +0.0, as the reference's "+ 0.0" */
             uint64_t bits;
             memcpy(&bits, &r, sizeof bits);
             keys[x] = ~bits;
-            idx[x] = x;
-            all_and &= keys[x];
-            all_or |= keys[x];
+            ids_a[x] = (uint32_t)x;
+            for (int b = 0; b < 8; b++)
+                count[b][(keys[x] >> (8 * b)) & 0xFF]++;
         }
         uint64_t *src_k = keys, *dst_k = keys2;
-        int64_t *src_i = idx, *dst_i = idx2;
-        for (int shift = 0; shift < 64; shift += 8) {
-            if ((((all_and ^ all_or) >> shift) & 0xFF) == 0)
+        uint32_t *src_i = ids_a, *dst_i = ids_b;
+        for (int b = 0; b < 8; b++) {
+            int shift = 8 * b;
+            if (count[b][(src_k[0] >> shift) & 0xFF] == V)
                 continue;  /* every key has the same byte here: the pass would not move anything */
-            long count[257];
-            memset(count, 0, sizeof count);
-            for (long x = 0; x < V; x++)
-                count[((src_k[x] >> shift) & 0xFF) + 1]++;
-            for (int b = 0; b < 256; b++)
-                count[b + 1] += count[b];
+            long at = 0;
+            for (int d = 0; d < 256; d++) {  /* counts -> each byte value's first place */
+                long c = count[b][d];
+                count[b][d] = at;
+                at += c;
+            }
             for (long x = 0; x < V; x++) {
-                long at = count[(src_k[x] >> shift) & 0xFF]++;
-                dst_k[at] = src_k[x];
-                dst_i[at] = src_i[x];
+                long to = count[b][(src_k[x] >> shift) & 0xFF]++;
+                dst_k[to] = src_k[x];
+                dst_i[to] = src_i[x];
             }
             uint64_t *tk = src_k; src_k = dst_k; dst_k = tk;
-            int64_t *ti = src_i; src_i = dst_i; dst_i = ti;
+            uint32_t *ti = src_i; src_i = dst_i; dst_i = ti;
         }
-        if (src_i != idx)
-            memcpy(idx, src_i, (size_t)V * sizeof *idx);
+        for (long x = 0; x < V; x++)
+            order[n * V + x] = src_i[x];
     }
 }
 
@@ -266,15 +272,17 @@ void sel_kseq_rho(long N, long V, int m, int iters, const double *ratio, const d
     }
 }
 
-/* One sweep's update of every theta from the unmarked-above masses s (rank order), for one root.  The
- * loop has no carried dependency, so the compiler vectorises it where the root is an instruction (sqrt);
- * every operation is correctly rounded per element, so vector and scalar code give the same bits. */
+/* One sweep's update of every theta from the unmarked-above masses s (rank order), for one root; returns
+ * whether some theta changed value.  The loop has no carried dependency but that or, so the compiler
+ * vectorises it where the root is an instruction (sqrt) or products (cube_root); every operation is correctly
+ * rounded per element, so vector and scalar code give the same bits. */
 #define FILL_UPDATE(NAME, POWER, ROOT)                                                                \
-    static void NAME(long V, int m, double eps, double line, double inv_m, const double *restrict s,  \
-                     const double *restrict qs, const double *restrict ts, double *restrict th)      \
+    static int NAME(long V, int m, double eps, double line, double inv_m, const double *restrict s,   \
+                    const double *restrict qs, const double *restrict ts, double *restrict th)       \
     {                                                                                                 \
         (void)inv_m;                                                                                  \
         (void)m;                                                                                      \
+        int moved = 0;                                                                                \
         for (long i = 0; i < V; i++) {                                                                \
             double si = s[i];                                                                         \
             double d = (POWER) - ts[i];                                                               \
@@ -284,8 +292,11 @@ void sel_kseq_rho(long N, long V, int m, int iters, const double *ratio, const d
             double qi = qs[i];                                                                        \
             double t = (si - rest) / (qi > 0.0 ? qi : 1.0);                                           \
             t = t < 0.0 ? 0.0 : (t > 1.0 ? 1.0 : t);                                                  \
-            th[i] = qi > 0.0 ? t : 0.0;                                                               \
+            t = qi > 0.0 ? t : 0.0;                                                                   \
+            moved |= t != th[i];                                                                      \
+            th[i] = t;                                                                                \
         }                                                                                             \
+        return moved;                                                                                 \
     }
 
 static double int_power(double x, int m)  /* x^m by repeated products, as torch's _int_power */
@@ -336,17 +347,17 @@ FILL_UPDATE(fill_update_m, int_power(si, m), pow(d, inv_m))
  * in rank order (qs = q[order], ts = target[order]); root(d) = d^(1/m) (sqrt for m = 2, cube_root for 3,
  * two square roots for 4, pow above), or d * line below eps (line = eps^(1/m - 1), passed in so both paths
  * use the same bits).  Per sweep the running sum is taken left to right in double, as torch's cumsum,
- * then every theta is updated from it.  qn, tn: [V] in token space; on: [V]; qs, th: [V] out (rank order);
- * ts, s: [V] work. */
-static void fill_sweeps(long V, int m, int sweeps, double eps, double line, const double *qn, const double *tn,
-                        const int64_t *on, double *qs, double *ts, double *th, double *s)
+ * then every theta is updated from it.  A sweep that changes no theta's value leaves the next sweep the
+ * same running sums (+0 and -0 add alike to them), so the same s and the same thetas, bit for bit, and so
+ * on: the sweeps stop there, with the bits of running them all (where every target is out of reach, as at
+ * deep prefixes where P(u)/Q_S(u) is large, after the second sweep).  qs, ts: [V] (rank order); th: [V] out
+ * (rank order); s: [V] work. */
+static void fill_sweeps(long V, int m, int sweeps, double eps, double line, const double *qs, const double *ts,
+                        double *th, double *s)
 {
     const double inv_m = 1.0 / m;
-    for (long i = 0; i < V; i++) {
-        qs[i] = qn[on[i]];
-        ts[i] = tn[on[i]];
+    for (long i = 0; i < V; i++)
         th[i] = 1.0;
-    }
     for (int sweep = 0; sweep < sweeps; sweep++) {
         double above = 0.0;  /* marked mass ranked above i, from the previous sweep's thetas */
         for (long i = 0; i < V; i++) {
@@ -354,14 +365,17 @@ static void fill_sweeps(long V, int m, int sweeps, double eps, double line, cons
             s[i] = si < 0.0 ? 0.0 : (si > 1.0 ? 1.0 : si);
             above = above + qs[i] * th[i];
         }
+        int moved;
         if (m == 2)
-            fill_update_2(V, m, eps, line, inv_m, s, qs, ts, th);
+            moved = fill_update_2(V, m, eps, line, inv_m, s, qs, ts, th);
         else if (m == 3)
-            fill_update_3(V, m, eps, line, inv_m, s, qs, ts, th);
+            moved = fill_update_3(V, m, eps, line, inv_m, s, qs, ts, th);
         else if (m == 4)
-            fill_update_4(V, m, eps, line, inv_m, s, qs, ts, th);
+            moved = fill_update_4(V, m, eps, line, inv_m, s, qs, ts, th);
         else
-            fill_update_m(V, m, eps, line, inv_m, s, qs, ts, th);
+            moved = fill_update_m(V, m, eps, line, inv_m, s, qs, ts, th);
+        if (!moved)
+            break;
     }
 }
 
@@ -373,7 +387,11 @@ void sel_fill_marks(long N, long V, const double *q, const double *target, const
     double *qs = work, *ts = work + V, *th = work + 2 * V, *s = work + 3 * V;
     for (long n = 0; n < N; n++) {
         const int64_t *on = order + n * V;
-        fill_sweeps(V, m, sweeps, eps, line, q + n * V, target + n * V, on, qs, ts, th, s);
+        for (long i = 0; i < V; i++) {
+            qs[i] = q[n * V + on[i]];
+            ts[i] = target[n * V + on[i]];
+        }
+        fill_sweeps(V, m, sweeps, eps, line, qs, ts, th, s);
         for (long i = 0; i < V; i++)
             theta[n * V + on[i]] = th[i];
     }
@@ -479,15 +497,25 @@ void sel_kseq_factors(long N, long V, int m, double tol, const double *p, const 
                 rn[x] = rn[x] / mass;
         else  /* no residual mass: p itself */
             memcpy(rn, pn, (size_t)V * sizeof *rn);
-        for (int t = 0; t < m; t++) {  /* M_t, nu^t by products from 1 as the reference's powers */
-            long double moment = 0.0L;
+        /* the moments M_t four at a time per pass (four long double sums in registers, each still left to
+         * right), nu^t by products from 1 as the reference's powers */
+        for (int t0 = 0; t0 < m; t0 += 4) {
+            long double m0 = 0.0L, m1 = 0.0L, m2 = 0.0L, m3 = 0.0L;
             for (long x = 0; x < V; x++) {
-                double nu_pow = 1.0;
-                for (int k = 0; k < t; k++)
+                double nu_pow = 1.0, rx = rn[x];
+                for (int k = 0; k < t0; k++)
                     nu_pow = nu_pow * nun[x];
-                moment += rn[x] * nu_pow;
+                m0 += rx * nu_pow;
+                nu_pow = nu_pow * nun[x];
+                m1 += rx * nu_pow;
+                nu_pow = nu_pow * nun[x];
+                m2 += rx * nu_pow;
+                nu_pow = nu_pow * nun[x];
+                m3 += rx * nu_pow;
             }
-            moments[n * m + t] = (double)moment;
+            long double sums[4] = {m0, m1, m2, m3};
+            for (int t = t0; t < m && t < t0 + 4; t++)
+                moments[n * m + t] = (double)sums[t - t0];
         }
         r[n] = r_row;
     }
@@ -520,18 +548,23 @@ void sel_kseq_marginal(long N, long V, int m, const double *mu, const double *nu
  * sweeps (fill_sweeps, the bits of sel_fill_marks), then in rank order
  *     marked = qs theta,  unmarked = qs (1 - theta),  others = max((1 - qs) - sum_{k<i} marked(k), 0),
  *     below = max(sum unmarked - sum_{k<=i} unmarked(k), 0),
- * the running sums left to right in double as torch's cumsum, the total in long double.  q, target: [N, V];
- * order: [N, V]; theta: [N, V] out (token space); qs, ths, marked, unmarked, others, below: [N, V] out (rank
- * order); work: [2 V]. */
-void sel_fill_law(long N, long V, int m, int sweeps, double eps, double line, const double *q, const double *target,
-                  const int64_t *order, double *theta, double *qs, double *ths, double *marked, double *unmarked,
-                  double *others, double *below, double *work)
+ * the running sums left to right in double as torch's cumsum, the total in long double.  Where acc is not
+ * NULL, the same last pass adds weight times fill's marginal (selection.fill_marginal) at each token's place,
+ *     marked N_m(qs + others, unmarked + others) + unmarked N_m(unmarked + below, below),
+ * so the factors are not read back in another pass.  qs, ts (q and the targets in rank order, gathered once
+ * per prefix: every count reads the same), order: [N, V]; theta: [N, V] out (token space); ths, marked,
+ * unmarked, others, below: [N, V] out (rank order); weight: [N] and acc: [N, V] (token space), or NULL;
+ * work: [V]. */
+void sel_fill_law(long N, long V, int m, int sweeps, double eps, double line, const double *qs, const double *ts,
+                  const int64_t *order, double *theta, double *ths, double *marked, double *unmarked,
+                  double *others, double *below, const double *weight, double *acc, double *work)
 {
     for (long n = 0; n < N; n++) {
         const int64_t *on = order + n * V;
-        double *qn = qs + n * V, *th = ths + n * V, *mk = marked + n * V, *um = unmarked + n * V;
+        const double *qn = qs + n * V;
+        double *th = ths + n * V, *mk = marked + n * V, *um = unmarked + n * V;
         double *ot = others + n * V, *bl = below + n * V;
-        fill_sweeps(V, m, sweeps, eps, line, q + n * V, target + n * V, on, qn, work, th, work + V);
+        fill_sweeps(V, m, sweeps, eps, line, qn, ts + n * V, th, work);
         double above = 0.0;
         long double unmarked_mass = 0.0L;
         for (long i = 0; i < V; i++) {
@@ -544,31 +577,16 @@ void sel_fill_law(long N, long V, int m, int sweeps, double eps, double line, co
             theta[n * V + on[i]] = th[i];
         }
         double total = (double)unmarked_mass, cum = 0.0;
+        double *an = acc != NULL ? acc + n * V : NULL, w = acc != NULL ? weight[n] : 0.0;
         for (long i = 0; i < V; i++) {
             cum = cum + um[i];
             double b = total - cum;
             bl[i] = b < 0.0 ? 0.0 : b;
-        }
-    }
-}
-
-/* fill's marginal with m survivors from its factors (selection.fill_marginal), in rank order,
- *     marked N_m(qs + others, unmarked + others) + unmarked N_m(unmarked + below, below),
- * added at each token's place.  order: [N, V]; qs, marked, unmarked, others, below: [N, V] (rank order);
- * weight: [N]; acc: [N, V] (token space). */
-void sel_fill_marginal(long N, long V, int m, const int64_t *order, const double *qs, const double *marked,
-                       const double *unmarked, const double *others, const double *below, const double *weight,
-                       double *acc)
-{
-    for (long n = 0; n < N; n++) {
-        const int64_t *on = order + n * V;
-        const double *qn = qs + n * V, *mk = marked + n * V, *um = unmarked + n * V, *ot = others + n * V;
-        const double *bl = below + n * V;
-        double *an = acc + n * V, w = weight[n];
-        for (long i = 0; i < V; i++) {
-            double marg = mk[i] * power_sum(qn[i] + ot[i], um[i] + ot[i], m)
-                          + um[i] * power_sum(um[i] + bl[i], bl[i], m);
-            an[on[i]] = an[on[i]] + w * marg;
+            if (an != NULL) {
+                double marg = mk[i] * power_sum(qn[i] + ot[i], um[i] + ot[i], m)
+                              + um[i] * power_sum(um[i] + bl[i], bl[i], m);
+                an[on[i]] = an[on[i]] + w * marg;
+            }
         }
     }
 }
