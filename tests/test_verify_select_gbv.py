@@ -12,6 +12,7 @@ What is checked:
   blocks whose drafts disagree on a shared prefix's rows), with and without a target adjustment;
 * chi-square of the fast sampler against the exact one-iteration law;
 * the law is a probability law and covers the samples;
+* a choice forced by a small survivor mass on m >= 2 (no scores computed) is the scored one;
 * K = 1 is ``gbv``: the same law, the same decisions on the same uniforms, across iterations;
 * dominance: E[tau] >= max(spectr, mdbv, mpbv) - 1e-9 on the theory grid's toys; on random toys drawn
   afresh in every run (seeds printed) what is proved: ``selection="kseq"`` >= spectr, ``selection="lex"`` >=
@@ -37,8 +38,9 @@ from mdv.verify.base import Uniforms
 from mdv.verify.gbv import GreedyBlockVerification
 from mdv.verify.select_gbv import SelectGreedyBlockVerification
 from mdv.verify.mpbv import below_mass
-from mdv.verify.selection import (CHOICE_TOL, FILL_EPS, FILL_SWEEPS, RULES, advance_survivors, fill_choice, fill_kernel,
-                                  SortedMasses, fill_order, fill_rule, kseq_kernel, lex_below, lex_kernel, node_step)
+from mdv.verify.selection import (CHOICE_TOL, FILL_EPS, FILL_SWEEPS, FORCED_MASS, RULES, advance_survivors, fill_choice,
+                                  fill_kernel, SortedMasses, fill_order, fill_rule, kseq_kernel, lex_below, lex_kernel,
+                                  node_step, overlap)
 from mdv.verify.spectr import RHO_ITERS, kseq_gap, kseq_residual, kseq_rho
 from tests.conftest import toy_pair
 from tests.test_verify_mpbv import VOCAB, consistent_block, inconsistent_block, tied_iid_pair
@@ -346,6 +348,33 @@ def test_node_law_equals_the_tabulated_kernels(V: int) -> None:
                 assert torch.allclose(mass, law.q_sel[torch.arange(N), tok], rtol=0, atol=0)
                 assert torch.all((new_pi.sum(-1) - 1.0).abs() < 1e-12) or not bool((mass > 0).all())
     assert worst < 1e-14, worst
+
+
+@pytest.mark.parametrize("V", [6, 40, 5000])
+def test_a_choice_forced_by_a_small_survivor_mass_is_the_scored_one(V: int) -> None:
+    """Where pi puts at most FORCED_MASS on m >= 2 survivors node_step takes RULES[0] without scoring: the
+    premise (two rules' scores differ by at most 2 pi(m >= 2): their marginals are pi(1) q plus pi(m >= 2)
+    times laws over V) holds on random rows and survivor laws, and the forced rule and q_S are the scored
+    definition's (_full_kernel_step scores every rule)."""
+    rng = np.random.default_rng(70 + V)
+    for trial in range(8):
+        N, K = 2, int(rng.integers(2, 5))
+        p, q = _rows_with_ties_and_zeros(rng, N, V) if V >= 20 else (
+            torch.tensor(rng.dirichlet(np.ones(V), size=N)), torch.tensor(rng.dirichlet(np.ones(V), size=N)))
+        ratio = torch.tensor(rng.uniform(0.3, 3.0, size=N))
+        pi = torch.tensor(rng.dirichlet(np.ones(K + 1), size=N))
+        pi[:, 0] = 0.0
+        pi = pi / pi.sum(-1, keepdim=True)
+        law = node_step(p, q, ratio, pi, "choose")  # scored: pi(m >= 2) is large
+        scores = torch.stack([overlap(ratio.unsqueeze(-1) * p, law.marginal(rule)) for rule in RULES])  # [3, N]
+        assert bool(((scores - scores[0]).abs() <= 2.0 * pi[:, 2:].sum(-1) + 1e-14).all()), trial
+        small = pi.clone()
+        small[:, 2:] *= float(rng.uniform(0.1, 1.0)) * FORCED_MASS / small[:, 2:].sum(-1, keepdim=True)
+        small[:, 1] = 1.0 - small[:, 2:].sum(-1)
+        forced = node_step(p, q, ratio, small, "choose")
+        rule, nxt = _full_kernel_step(p, q, ratio, small, "choose")
+        assert torch.equal(forced.rule, rule) and bool((rule == 0).all()), trial
+        torch.testing.assert_close(forced.q_sel, nxt.sum(-1), rtol=0, atol=1e-14)
 
 
 # ------------------------------------------------------------------------------------------ parity

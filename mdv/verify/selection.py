@@ -55,7 +55,8 @@ contribution to greedy block verification's E[tau] = sum_v min(P(v), Q_S(v)) (al
     score(rule) = sum_x min( (P(u)/Q_S(u)) p(x|u),  q_S^rule(x|u) ),
 
 taken in the order of RULES: a later rule replaces the best so far only if its score is larger by more
-than CHOICE_TOL.
+than CHOICE_TOL.  Where pi_u puts at most FORCED_MASS on two or more survivors no score can win by that much,
+so RULES[0] is taken without computing the others (the same rule; at the benchmark's prefixes from depth 3 on).
 
 **The state.**  pi_u(m) = Pr(m survivors | the selected draft extends u); then
 ``q_S(x|u) = sum_m pi_u(m) sum_j T_m(x, j)`` and ``pi_{u·x}(j) = sum_m pi_u(m) T_m(x, j) / q_S(x|u)``.  The
@@ -108,6 +109,11 @@ MODES = ("choose",) + RULES
 #: computed them (the iteration, the law, a later iteration's window); fill's scores move by up to ~1e-10 with
 #: the last bits of their inputs (see FILL_EPS).
 CHOICE_TOL = 1e-9
+#: Where the survivor law puts at most this mass on m >= 2 survivors, the choice is RULES[0] without scoring
+#: (:func:`node_step`): every rule's marginal is ``pi(1) q`` plus pi(m >= 2) times laws over V, so two rules'
+#: scores differ by at most 2 pi(m >= 2) = CHOICE_TOL / 2 (min is 1-Lipschitz; two laws differ by at most 2 in
+#: L1), plus rounding (~1e-15), and no later rule can win by more than CHOICE_TOL: the same rule as scoring.
+FORCED_MASS = CHOICE_TOL / 4
 #: Jacobi sweeps of ``fill``'s recursion for theta (exact for the top this-many tokens; module docstring).
 FILL_SWEEPS = 4
 #: Below this, ``fill``'s root ``d^(1/m)`` is replaced by the line ``d * FILL_EPS^(1/m - 1)`` through it: the root is
@@ -690,14 +696,18 @@ def _node_step_memo(p: bytes, q: bytes, ratio: float, pi: bytes, mode: str) -> N
 
 def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
     rules = RULES if mode == "choose" else (mode,)
+    if mode == "choose" and bool((pi[:, 2:].sum(-1) <= FORCED_MASS).all()):
+        # the drafts through u rarely agree on its next token (at the benchmark's depths >= 3 pi(m >= 2) < 1e-10):
+        # the choice is RULES[0] whatever the scores (FORCED_MASS), so only its marginal is computed
+        rules = RULES[:1]
     several = any(bool((pi[:, m] > 0).any()) for m in range(2, pi.shape[-1]))  # some count m >= 2
     large = q.shape[-1] > MEMO_MAX_V
     order = fill_order(p, q) if several and ("fill" in rules or ("lex" in rules and large)) else None
     below = lex_below(p, q, order) if several and "lex" in rules and large else None  # one sort for both
     law = NodeLaw(p, q, ratio, pi, order, below)
     marginals = [law.marginal(rule) for rule in rules]
-    if mode != "choose":
-        law.rule = torch.full_like(ratio, RULES.index(mode), dtype=torch.long)
+    if len(rules) == 1:
+        law.rule = torch.full_like(ratio, RULES.index(rules[0]), dtype=torch.long)
         law.q_sel = marginals[0]
         return law
     target = ratio.unsqueeze(-1) * p  # [N, V]
@@ -736,7 +746,7 @@ def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
     return law.q_sel.gather(-1, tok.view(-1, 1)).squeeze(-1), pi
 
 
-__all__ = ["RULES", "MODES", "CHOICE_TOL", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses",
+__all__ = ["RULES", "MODES", "CHOICE_TOL", "FORCED_MASS", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses",
            "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "lex_below_torch", "kseq_kernel", "kseq_factors", "kseq_marginal",
            "kseq_factors_torch", "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_law", "fill_ranked", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
            "overlap", "node_step", "root_survivors", "advance_survivors"]
