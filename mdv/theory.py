@@ -46,6 +46,12 @@ class TheoryConfig:
     zero_prob: float = 0.2
     max_tuples: int = 4096  # largest V^(K·L) enumerated for E[tau] and the LPs
     tv_max_tuples: int = 729  # exactness verdicts (laws over L+2 tokens) where V^(K·L) <= this
+    #: off the grid: this many random toys (V = 3 at L = 2, 3; K = 2, 3) on which ``dominance_method`` is held
+    #: to the best of ``dominance_peers`` (:func:`random_toy_dominance`); 0 = skip
+    random_toys: int = 0
+    random_toys_seed: int = 0
+    dominance_method: str = "select_gbv"
+    dominance_peers: list[str] = field(default_factory=lambda: ["spectr", "mdbv", "mpbv"])
 
     def validate(self) -> None:
         unknown = [m for m in self.methods if m not in VERIFIERS]
@@ -57,6 +63,13 @@ class TheoryConfig:
                 raise InvalidInputError(f"theory.{name} must be a non-empty list of integers >= 1; got {values}")
         if any(t < 0 for t in self.temperatures):
             raise InvalidInputError(f"theory.temperatures must be >= 0; got {self.temperatures}")
+        if self.random_toys < 0:
+            raise InvalidInputError(f"theory.random_toys must be >= 0 (0 skips the off-grid check); got {self.random_toys}")
+        unknown = [m for m in [self.dominance_method, *self.dominance_peers] if m not in VERIFIERS]
+        if self.random_toys and (unknown or not self.dominance_peers):
+            raise InvalidInputError(f"theory.dominance_method / dominance_peers must name registered verifiers (at least"
+                                    f" one peer); got unknown {unknown or 'none'} with peers {self.dominance_peers};"
+                                    f" valid: {', '.join(sorted(VERIFIERS))}")
 
 
 @dataclass
@@ -193,12 +206,69 @@ def dominance(rows: Iterable[Row], tol: float = 1e-9) -> dict[str, tuple[int, in
     return out
 
 
+#: The shapes of the off-grid check: where the per-prefix choice has a subtree to get wrong (L >= 2) and the
+#: exact E[tau] of V = 3 toys takes well under a second.
+RANDOM_TOY_SHAPES = ((2, 2), (3, 2), (2, 3))
+
+
+def random_toy_dominance(n: int, seed: int, method: str = "select_gbv",
+                         peers: Iterable[str] = ("spectr", "mdbv", "mpbv"), progress: bool = False) -> dict:
+    """Exact E[tau] of ``method`` against the best of ``peers`` on n random toy pairs off the theory grid.
+
+    Toy t has (K, L) = RANDOM_TOY_SHAPES[t mod 3], V = 3, T drawn from {0.5, 1, 2}, zero_prob from {0, 0.2, 0.4}
+    and its own model seed, all from ``numpy.random.default_rng(seed)``; each E[tau] is exact (enumeration).
+    A miss is a toy with E[tau](method) < max over peers - 1e-9.  Returns the counts, each miss (its toy, the
+    peer that wins, the gap as a fraction of that peer's E[tau]) and the mean E[tau] of every method.
+    """
+    peers = list(peers)
+    rng = np.random.default_rng(seed)
+    misses, means = [], {m: [] for m in [method, *peers]}
+    below = {m: 0 for m in peers}
+    for t in tqdm(range(n), desc="random toys", disable=not progress):
+        K, L = RANDOM_TOY_SHAPES[t % len(RANDOM_TOY_SHAPES)]
+        toy_seed = int(rng.integers(1 << 30))
+        zero_prob, T = float(rng.choice([0.0, 0.2, 0.4])), float(rng.choice([0.5, 1.0, 2.0]))
+        target = random_toy_model(3, toy_seed, zero_prob=zero_prob, name="target")
+        draft = random_toy_model(3, toy_seed + 1, zero_prob=zero_prob, name="draft")
+        value = {m: expected_accepted(m, target, draft, K, L, temperature=T) for m in means}
+        for m, v in value.items():
+            means[m].append(v)
+        best = max(peers, key=lambda m: value[m])
+        for m in peers:
+            below[m] += value[method] < value[m] - 1e-9
+        if value[method] < value[best] - 1e-9:
+            misses.append(dict(K=K, L=L, T=T, zero_prob=zero_prob, toy_seed=toy_seed, peer=best,
+                               value=value[method], peer_value=value[best],
+                               gap=(value[best] - value[method]) / value[best]))
+    gaps = sorted(x["gap"] for x in misses)
+    return dict(n=n, seed=seed, method=method, peers=peers, misses=misses, below=below,
+                median_gap=float(np.median(gaps)) if gaps else 0.0, max_gap=gaps[-1] if gaps else 0.0,
+                mean_expected_accepted={m: float(np.mean(v)) if v else math.nan for m, v in means.items()})
+
+
+def _random_toy_lines(d: dict) -> list[str]:
+    by_peer = ", ".join(f"{m} {k}" for m, k in d["below"].items())
+    lines = ["", f"## Off the grid: `{d['method']}` against the best of {', '.join(d['peers'])}", "",
+             f"{d['n']} random V = 3 toys (shapes K, L in {list(RANDOM_TOY_SHAPES)}, T in {{0.5, 1, 2}}, zero_prob in"
+             f" {{0, 0.2, 0.4}}; `random_toys_seed={d['seed']}`), exact E[tau]. Below the best peer in"
+             f" **{len(d['misses'])} of {d['n']}** ({len(d['misses']) / max(d['n'], 1):.1%}); below each peer: {by_peer};"
+             f" gap median {d['median_gap']:.2%}, max {d['max_gap']:.2%} of the peer's E[tau]. Mean E[tau]: "
+             + ", ".join(f"{m} {v:.4f}" for m, v in d["mean_expected_accepted"].items()) + "."]
+    if d["misses"]:
+        lines += ["", "| K | L | T | zero_prob | toy seed | best peer | E[tau] | peer's | gap |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {x['K']} | {x['L']} | {x['T']} | {x['zero_prob']} | {x['toy_seed']} | {x['peer']} | {x['value']:.4f}"
+                  f" | {x['peer_value']:.4f} | {x['gap']:.2%} |" for x in d["misses"]]
+    return lines
+
+
 def _fmt(x: float, digits: int = 4) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def write_outputs(rows: list[Row], out_dir: Path, cfg: TheoryConfig, seconds: float) -> dict[str, Path]:
-    """theory.csv (one row per cell × method), theory.md (wide table + verdicts), theory_etau_vs_k.png."""
+def write_outputs(rows: list[Row], out_dir: Path, cfg: TheoryConfig, seconds: float,
+                  off_grid: dict | None = None) -> dict[str, Path]:
+    """theory.csv (one row per cell × method), theory.md (wide table + verdicts, and ``off_grid``'s
+    :func:`random_toy_dominance` when given), theory_etau_vs_k.png."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": out_dir / "theory.csv", "md": out_dir / "theory.md", "png": out_dir / "theory_etau_vs_k.png"}
     with open(paths["csv"], "w", newline="") as f:
@@ -250,6 +320,8 @@ def write_outputs(rows: list[Row], out_dir: Path, cfg: TheoryConfig, seconds: fl
     for v in s["monotonicity"]:
         lines.append(f"  - {v['method']}: seed {v['seed']}, V={v['V']}, T={v['temperature']}, L={v['L']}: E[tau]"
                      f" {v['e_from']:.4f} at K={v['K_from']} > {v['e_to']:.4f} at K={v['K_to']}")
+    if off_grid is not None:
+        lines += _random_toy_lines(off_grid)
     lines += ["", "## E[tau] per cell", "",
               "| seed | V | T | L | K | " + " | ".join(methods) + " | LP-valid | LP-greedy | claim | best lossless"
               " (fraction of LP-greedy) |",

@@ -569,6 +569,10 @@ CLI_CASES: dict[str, CliCase] = {
                                      r"unknown method\(s\) \['nope'\]; valid methods are: " + ALL_VERIFIERS),
     "theory/L<0": CliCase("theory", {"L": "[-1]"}, r"theory.L must be a non-empty list of integers >= 1; got \[-1\]"),
     "theory/negative-T": CliCase("theory", {"temperatures": "[-1.0]"}, r"theory.temperatures must be >= 0; got \[-1.0\]"),
+    "theory/random-toys-peer": CliCase("theory", {"random_toys": "3", "dominance_peers": "[nope]"},
+                                       r"theory.dominance_method / dominance_peers must name registered verifiers \(at"
+                                       r" least one peer\); got unknown \['nope'\] with peers \['nope'\]; valid: "
+                                       + ALL_VERIFIERS),
     "theory/unknown-key": CliCase("theory", {"Kx": "[1]"},
                                   r"Could not override 'Kx'; Key 'Kx' not in 'TheoryConfig'; To append to your config"
                                   r" use \+Kx=\[1\]"),
