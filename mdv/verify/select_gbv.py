@@ -15,14 +15,14 @@ is computable along the drafts gives an exact verifier, and
   ``mpbv``'s lexicographic maximum, and GBV >= BV for one draft of known law, so
   ``select_gbv(selection="lex") >= mpbv``.
 * **The default** (``selection="choose"``) picks, at every prefix, the token rule (``kseq``, ``lex`` or
-  ``fill``) with the largest contribution to that sum (:mod:`mdv.verify.selection`).  ``fill`` marks
+  ``fill``) with the largest contribution to that sum, ties going to ``lex`` (:mod:`mdv.verify.selection`).  ``fill`` marks
   survivors at random so that the selected token's law approaches the target's where the drafts allow;
   at L = 1 the sum is the selected token's overlap with p, and ``fill`` brings it close to the optimal
   K-draft acceptance alpha*_K.  The choice depends only on the prefix, so it keeps Q_S a function of the
   prefix and the rule exact.  Its dominance over ``spectr``, ``mdbv`` and ``mpbv`` is *measured*, not
   proven: it holds on the theory grid and at L = 1 (there >= ``spectr`` and ``mpbv`` by construction), and
-  fails on ~5% of random toys at L >= 2 (the choice scores only the next depth;
-  ``tests/test_verify_select_gbv.py``, README).
+  fails on 2.5% of random toys at L >= 2, by at most 1.6% of E[tau] (the choice scores only the next depth;
+  ``experiments.theory random_toys=1600``, ``tests/test_verify_select_gbv.py``, README).
 * At K = 1 nothing is selected (Q_S = q exactly) and the rule is ``gbv``, draw for draw: ``sample`` then
   runs ``gbv``'s vectorised sampler (the walk would build the same rows one prefix at a time); ``law``,
   ``reference`` and ``sample_walk`` still walk, and the tests compare them with ``gbv``.
@@ -48,15 +48,15 @@ probabilities given the survivors (which are marked is never drawn survivor by s
 survivor counts still possible: one sort of V shared by the three rules, closed-form marginals O(m V) per
 rule and count, up to FILL_SWEEPS passes per count for ``fill``'s marks (they stop at a fixed point), and
 kernel rows only at the drafted tokens; where the survivor law puts almost no mass on two or more survivors
-the choice is forced and only K-SEQ's marginal is computed.  The rows of a prefix are computed once and
-shared by the drafts through it.  Nothing grows with V^L or with draft tuples.  On CPU float64 rows all of
-it runs in C (:mod:`mdv.verify.native`): the loops (the sort, K-SEQ's prefix sums and rho*, ``fill``'s
+the choice is forced and only the lexicographic rule's marginal is computed.  The rows of a prefix are computed
+once and shared by the drafts through it.  Nothing grows with V^L or with draft tuples.  On CPU float64 rows
+all of it runs in C (:mod:`mdv.verify.native`): the loops (the sort, K-SEQ's prefix sums and rho*, ``fill``'s
 sweeps), each rule's factors and marginals added straight into its row, and the choice's scores.  At
-V = 49,152, K = 4, L = 8 this is ~1.4 target steps on the verifier benchmark's synthetic block (78-80 ms; the
-code before the forced choice, the sweeps' stop and the cheaper cube root, back to back: 123-137 ms, ~2.2):
-its drafts rarely agree past depth 2, so from depth 3 on the choice is forced there, and K-SEQ's factors, the
-sort and ``fill`` at the first depths are the largest parts.  On real blocks, whose drafts share prefixes, the
-same changes saved 10-14% (README, *Performance*).
+V = 49,152, K = 4, L = 8 this is ~1.1 target steps on the verifier benchmark's synthetic block (62 ms; with
+ties and forced prefixes going to K-SEQ, back to back: 74-76 ms, ~1.35; before the forced choice, the sweeps'
+stop and the cheaper cube root: 123-137 ms, ~2.2): its drafts rarely agree past depth 2, so from depth 3 on
+the choice is forced there, and K-SEQ's factors, the sort and ``fill`` at the first depths are the largest
+parts.  On real blocks, whose drafts share prefixes, the forced choice saves less (README, *Performance*).
 """
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import GreedyBlockVerification, greedy_block_h, greedy_residual
 from mdv.verify.mpbv import ratio_scores
 from mdv.verify.registry import register_verifier
-from mdv.verify.selection import (CHOICE_TOL, FILL_EPS, FILL_SWEEPS, MODES, RULES, NodeLaw, advance_survivors,
-                                  fill_choice, node_step, root_survivors)
+from mdv.verify.selection import (CHOICE_ORDER, CHOICE_TOL, FILL_EPS, FILL_SWEEPS, MODES, RULES, NodeLaw,
+                                  advance_survivors, fill_choice, node_step, root_survivors)
 from mdv.verify.spectr import kseq_residual, kseq_rho
 
 
@@ -470,8 +470,8 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                 if self.selection != "choose":
                     return self.selection, mixed[self.selection]
                 score = {rule: sum(min(P / Q * pr[x], sum(mixed[rule][x])) for x in range(V)) for rule in mixed}
-                best = "kseq"
-                for rule in ("lex", "fill"):  # a later rule must win by more than CHOICE_TOL
+                best = CHOICE_ORDER[0]
+                for rule in CHOICE_ORDER[1:]:  # a later rule must win by more than CHOICE_TOL
                     if score[rule] > score[best] + CHOICE_TOL:
                         best = rule
                 return best, mixed[best]
