@@ -15,7 +15,9 @@ is computable along the drafts gives an exact verifier, and
   ``mpbv``'s lexicographic maximum, and GBV >= BV for one draft of known law, so
   ``select_gbv(selection="lex") >= mpbv``.
 * **The default** (``selection="choose"``) picks, at every prefix, the token rule (``kseq``, ``lex`` or
-  ``fill``) with the largest contribution to that sum, ties going to ``lex`` (:mod:`mdv.verify.selection`).  ``fill`` marks
+  ``fill``) with the largest contribution to that sum, ties going to ``lex`` (:mod:`mdv.verify.selection`);
+  where two or more survivors are all but impossible (pi(m >= 2) <= FORCED_MASS) every rule scores the same
+  to CHOICE_TOL / 2, and it keeps the first survivor's token (``first``: no sort, no factors).  ``fill`` marks
   survivors at random so that the selected token's law approaches the target's where the drafts allow;
   at L = 1 the sum is the selected token's overlap with p, and ``fill`` brings it close to the optimal
   K-draft acceptance alpha*_K.  The choice depends only on the prefix, so it keeps Q_S a function of the
@@ -48,15 +50,16 @@ probabilities given the survivors (which are marked is never drawn survivor by s
 survivor counts still possible: one sort of V shared by the three rules, closed-form marginals O(m V) per
 rule and count, up to FILL_SWEEPS passes per count for ``fill``'s marks (they stop at a fixed point), and
 kernel rows only at the drafted tokens; where the survivor law puts almost no mass on two or more survivors
-the choice is forced and only the lexicographic rule's marginal is computed.  The rows of a prefix are computed
+the rule is forced to ``first`` (the first survivor's token), whose marginal is q itself.  The rows of a prefix are computed
 once and shared by the drafts through it.  Nothing grows with V^L or with draft tuples.  On CPU float64 rows
 all of it runs in C (:mod:`mdv.verify.native`): the loops (the sort, K-SEQ's prefix sums and rho*, ``fill``'s
 sweeps), each rule's factors and marginals added straight into its row, and the choice's scores.  At
-V = 49,152, K = 4, L = 8 this is ~1.1 target steps on the verifier benchmark's synthetic block (62 ms; with
-ties and forced prefixes going to K-SEQ, back to back: 74-76 ms, ~1.35; before the forced choice, the sweeps'
-stop and the cheaper cube root: 123-137 ms, ~2.2): its drafts rarely agree past depth 2, so from depth 3 on
-the choice is forced there, and K-SEQ's factors, the sort and ``fill`` at the first depths are the largest
-parts.  On real blocks, whose drafts share prefixes, the forced choice saves less (README, *Performance*).
+V = 49,152, K = 4, L = 8 this is ~0.85-0.9 target steps on the verifier benchmark's synthetic block (46-50 ms;
+back to back with the lexicographic rule on forced prefixes: 58-60 ms; with K-SEQ there and on ties: 74-76 ms;
+before the forced choice, the sweeps' stop and the cheaper cube root: 123-137 ms): its drafts rarely agree
+past depth 2, so from depth 3 on the rule is forced, and the sorts, ``fill`` and K-SEQ's factors at the first
+depths are the largest parts.  On real blocks, whose drafts share prefixes, forced prefixes are rarer and the
+forced rule saves less (README, *Performance*).
 """
 from __future__ import annotations
 
@@ -75,8 +78,8 @@ from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
 from mdv.verify.gbv import GreedyBlockVerification, greedy_block_h, greedy_residual
 from mdv.verify.mpbv import ratio_scores
 from mdv.verify.registry import register_verifier
-from mdv.verify.selection import (CHOICE_ORDER, CHOICE_TOL, FILL_EPS, FILL_SWEEPS, MODES, RULES, NodeLaw,
-                                  advance_survivors, fill_choice, node_step, root_survivors)
+from mdv.verify.selection import (CHOICE_ORDER, CHOICE_TOL, FILL_EPS, FILL_SWEEPS, FORCED_MASS, FORCED_RULE, MODES,
+                                  RULES, NodeLaw, advance_survivors, fill_choice, node_step, root_survivors)
 from mdv.verify.spectr import kseq_residual, kseq_rho
 
 
@@ -187,7 +190,9 @@ class _Walk:
                 break
             node = self.at(b, S[0], i)
             toks = [drafts[s][i] for s in S]
-            if node.rule == "lex":
+            if node.rule == "first":
+                x = toks[0]
+            elif node.rule == "lex":
                 x = self._lex_token(node, toks)
             elif node.rule == "fill":  # one inverse-CDF draw over the distinct tokens in rank order
                 u, cum, choice = walk_coins[i], 0.0, None
@@ -225,7 +230,9 @@ class _Walk:
             node = self.at(b, S[0], i)
             toks = [self.token_lists[b][s][i] for s in S]
             children: dict[int, float] = {}
-            if node.rule == "lex":
+            if node.rule == "first":
+                children[toks[0]] = prob
+            elif node.rule == "lex":
                 children[self._lex_token(node, toks)] = prob
             elif node.rule == "fill":
                 children = {t: prob * w for t, w in self._fill_probs(node, toks)}
@@ -429,8 +436,8 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                     w = math.prod(qr[x] for x in tup)
                     if w == 0.0:
                         continue
-                    if rule == "lex":
-                        x = lex_pick(pr, qr, list(tup))
+                    if rule in ("lex", "first"):
+                        x = lex_pick(pr, qr, list(tup)) if rule == "lex" else tup[0]
                         T[x][tup.count(x)] += w
                         continue
                     if rule == "fill":
@@ -458,7 +465,7 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
             def step_uncached(pr: list[float], qr: list[float], P: float, Q: float,
                               pi: list[float]) -> tuple[str, list[list[float]]]:
                 mixed = {}
-                for rule in ("kseq", "lex", "fill"):
+                for rule in RULES:
                     acc = [[0.0] * (K + 1) for _ in range(V)]
                     for m in range(1, K + 1):
                         if pi[m] > 0.0:
@@ -469,7 +476,9 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                     mixed[rule] = acc
                 if self.selection != "choose":
                     return self.selection, mixed[self.selection]
-                score = {rule: sum(min(P / Q * pr[x], sum(mixed[rule][x])) for x in range(V)) for rule in mixed}
+                if sum(pi[2:]) <= FORCED_MASS:  # (selection.FORCED_MASS: no rule's score can differ by CHOICE_TOL)
+                    return FORCED_RULE, mixed[FORCED_RULE]
+                score = {rule: sum(min(P / Q * pr[x], sum(mixed[rule][x])) for x in range(V)) for rule in CHOICE_ORDER}
                 best = CHOICE_ORDER[0]
                 for rule in CHOICE_ORDER[1:]:  # a later rule must win by more than CHOICE_TOL
                     if score[rule] > score[best] + CHOICE_TOL:
@@ -493,7 +502,9 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
                 pr, qr = rows(f, i)
                 rule, _ = step(pr, qr, P, Q, pi)
                 cand = [D[s][i] for s in S]
-                if rule == "lex":
+                if rule == "first":
+                    x = cand[0]
+                elif rule == "lex":
                     x = lex_pick(pr, qr, cand)
                 elif rule == "fill":
                     x = fill_pick(pr, qr, P / Q, cand, float(uniforms.coins[b, 1, i]))

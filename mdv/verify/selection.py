@@ -62,8 +62,12 @@ can.  Breaking them towards ``lex`` (measured, not proved: the subtree below u h
 the verifier could read) cut the default's misses against the best of ``spectr``, ``mdbv`` and ``mpbv`` on
 random toys at L >= 2 from 78 to 40 of 1,600 (the largest gap from 8.8% to 1.6% of E[tau]; mean E[tau] 1.19987 ->
 1.20026; ``experiments.theory random_toys=1600``, README *The exact theory tables*).
-Where pi_u puts at most FORCED_MASS on two or more survivors no score can win by CHOICE_TOL, so CHOICE_ORDER[0]
-is taken without computing the others (the same rule; at the benchmark's prefixes from depth 3 on).
+Where pi_u puts at most FORCED_MASS on two or more survivors every rule's score is within CHOICE_TOL / 2 of
+every other's, and the rule is FORCED_RULE = ``first`` without scoring: the first survivor's token (survivors in
+draft order).  The drafts through u are i.i.d. given u, so that token has law q(.|u) and
+``T_m(x, j) = q(x) C(m-1, j-1) q(x)^(j-1) (1 - q(x))^(m-j)`` (the other m - 1 survivors drafting x are binomial):
+its marginal is q itself, with no sort and no factors (at the benchmark's prefixes from depth 3 on).  As a walk
+mode (``selection="first"``) it keeps draft 0 and is ``gbv`` on it.
 
 **The state.**  pi_u(m) = Pr(m survivors | the selected draft extends u); then
 ``q_S(x|u) = sum_m pi_u(m) sum_j T_m(x, j)`` and ``pi_{u·x}(j) = sum_m pi_u(m) T_m(x, j) / q_S(x|u)``.  The
@@ -109,19 +113,22 @@ from mdv.verify.native import sorted_masses as native_sorted_masses
 from mdv.verify.spectr import RHO_ITERS, kseq_accept_prob, kseq_residual, kseq_rho
 
 #: The token rules a prefix can use, and the walk modes of ``select_gbv``.
-RULES = ("kseq", "lex", "fill")
+RULES = ("kseq", "lex", "fill", "first")
 MODES = ("choose",) + RULES
-#: The order the choice takes the rules in: ties (within CHOICE_TOL) go to the earliest (module docstring).
+#: The rules the choice scores, in its order: ties (within CHOICE_TOL) go to the earliest (module docstring).
 CHOICE_ORDER = ("lex", "kseq", "fill")
+#: The rule taken without scoring where the survivor law puts at most FORCED_MASS on m >= 2 survivors: the
+#: first survivor's token, whose marginal is q itself (no sort, no factors).
+FORCED_RULE = "first"
 #: A rule replaces an earlier one in CHOICE_ORDER only when its score is larger by more than this (scores are masses
 #: <= 1): scores that are equal, or that differ only by rounding, then pick the same rule whichever code path
 #: computed them (the iteration, the law, a later iteration's window); fill's scores move by up to ~1e-10 with
 #: the last bits of their inputs (see FILL_EPS).
 CHOICE_TOL = 1e-9
-#: Where the survivor law puts at most this mass on m >= 2 survivors, the choice is CHOICE_ORDER[0] without
-#: scoring (:func:`node_step`): every rule's marginal is ``pi(1) q`` plus pi(m >= 2) times laws over V, so two
-#: rules' scores differ by at most 2 pi(m >= 2) = CHOICE_TOL / 2 (min is 1-Lipschitz; two laws differ by at most 2
-#: in L1), plus rounding (~1e-15), and no later rule can win by more than CHOICE_TOL: the same rule as scoring.
+#: Where the survivor law puts at most this mass on m >= 2 survivors, the rule is FORCED_RULE without scoring
+#: (:func:`node_step`): every rule's marginal is ``pi(1) q`` plus pi(m >= 2) times laws over V, so any two rules'
+#: marginals differ by at most 2 pi(m >= 2) = CHOICE_TOL / 2 in L1 (two laws differ by at most 2), and so do their
+#: scores (min is 1-Lipschitz): forcing a rule there moves the prefix's score by less than CHOICE_TOL.
 FORCED_MASS = CHOICE_TOL / 4
 #: Jacobi sweeps of ``fill``'s recursion for theta (exact for the top this-many tokens; module docstring).
 FILL_SWEEPS = 4
@@ -148,6 +155,15 @@ def _single_terms(q: Tensor, K: int) -> Tensor:
     return out
 
 
+def _first_terms(q: Tensor, m: int, K: int) -> Tensor:
+    """``T_m(x, j)`` of the ``first`` rule: the first of m survivors drafts x with probability q(x), and j - 1 of
+    the other m - 1 draft x too, ``q(x) C(m-1, j-1) q(x)^(j-1) (1 - q(x))^(m-j)``.  q: [N, X] -> [N, X, K+1]."""
+    out = torch.zeros(*q.shape, K + 1, dtype=q.dtype, device=q.device)
+    for j in range(1, m + 1):
+        out[..., j] = math.comb(m - 1, j - 1) * q * q.pow(j - 1) * (1.0 - q).pow(m - j)
+    return out
+
+
 # ---------------------------------------------------------------------------------------- lex
 def _lex_terms(q: Tensor, c: Tensor, m: int, K: int) -> Tensor:
     """``T_m(x, j) = C(m, j) q^j c^(m-j)`` elementwise: q, c [N, X] (at any X tokens) -> [N, X, K+1]."""
@@ -156,6 +172,11 @@ def _lex_terms(q: Tensor, c: Tensor, m: int, K: int) -> Tensor:
     for j in range(1, m + 1):
         out[..., j] = math.comb(m, j) * q_pow[j] * c_pow[m - j]
     return out
+
+
+def first_kernel(q: Tensor, m: int, K: int) -> Tensor:
+    """The ``first`` rule's ``T_m(x, j)`` over the whole vocabulary.  q: [N, V] -> [N, V, K+1]."""
+    return _first_terms(q, m, K)
 
 
 def lex_kernel(p: Tensor, q: Tensor, m: int, K: int, below: Tensor | None = None) -> Tensor:
@@ -626,6 +647,8 @@ class NodeLaw:
         """q_S^rule(.|u) = sum_m pi(m) sum_j T_m(., j)  [N, V].  On CPU float64 rows each count m >= 2 adds
         ``pi(m) sum_j T_m`` into the row in C from the rule's factors (:mod:`mdv.verify.native`: per token the
         same operations as the torch loop below, no [N, V] intermediates)."""
+        if rule == "first":  # sum_j T_m(x, j) = q(x) for every m
+            return self.pi[:, 1:].sum(-1, keepdim=True) * self.q
         lib = native_rows(self.p, self.q)
         if lib is not None:
             acc = torch.zeros(self.q.shape, dtype=torch.float64)  # contiguous: C adds into it in place
@@ -662,6 +685,8 @@ class NodeLaw:
             for m in self.counts:
                 if m == 1:
                     terms = _single_terms(self.q.gather(-1, idx), self.K)
+                elif rule == "first":
+                    terms = _first_terms(self.q.gather(-1, idx), m, self.K)
                 elif rule == "lex":
                     terms = _lex_terms(self.q.gather(-1, idx), self.lex_c().gather(-1, idx), m, self.K)
                 elif rule == "fill":
@@ -705,10 +730,10 @@ def _node_step_memo(p: bytes, q: bytes, ratio: float, pi: bytes, mode: str) -> N
 
 def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
     rules = CHOICE_ORDER if mode == "choose" else (mode,)
-    if mode == "choose" and bool((pi[:, 2:].sum(-1) <= FORCED_MASS).all()):
-        # the drafts through u rarely agree on its next token (at the benchmark's depths >= 3 pi(m >= 2) < 1e-10):
-        # the choice is CHOICE_ORDER[0] whatever the scores (FORCED_MASS), so only its marginal is computed
-        rules = CHOICE_ORDER[:1]
+    forced = pi[:, 2:].sum(-1) <= FORCED_MASS  # [N]: per row, so a row's rule does not depend on its batch
+    if mode == "choose" and bool(forced.all()):
+        # the drafts through u rarely agree on its next token (at the benchmark's depths >= 3 pi(m >= 2) < 1e-10)
+        rules = (FORCED_RULE,)
     several = any(bool((pi[:, m] > 0).any()) for m in range(2, pi.shape[-1]))  # some count m >= 2
     large = q.shape[-1] > MEMO_MAX_V
     order = fill_order(p, q) if several and ("fill" in rules or ("lex" in rules and large)) else None
@@ -728,6 +753,9 @@ def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> No
         best = torch.where(better, torch.full_like(best, RULES.index(rule)), best)
         best_score = torch.where(better, score, best_score)
         q_sel = torch.where(better[:, None], marginal, q_sel)
+    if mode == "choose" and bool(forced.any()):  # forced rows batched with scored ones
+        best = torch.where(forced, torch.full_like(best, RULES.index(FORCED_RULE)), best)
+        q_sel = torch.where(forced[:, None], law.marginal(FORCED_RULE), q_sel)
     law.rule, law.q_sel = best, q_sel
     return law
 
@@ -755,7 +783,7 @@ def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
     return law.q_sel.gather(-1, tok.view(-1, 1)).squeeze(-1), pi
 
 
-__all__ = ["RULES", "MODES", "CHOICE_ORDER", "CHOICE_TOL", "FORCED_MASS", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses",
+__all__ = ["RULES", "MODES", "CHOICE_ORDER", "FORCED_RULE", "CHOICE_TOL", "FORCED_MASS", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses", "first_kernel",
            "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "lex_below_torch", "kseq_kernel", "kseq_factors", "kseq_marginal",
            "kseq_factors_torch", "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_law", "fill_ranked", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
            "overlap", "node_step", "root_survivors", "advance_survivors"]
