@@ -66,7 +66,7 @@ def test_exact_target_law_across_iterations(K: int, L: int, kind: str) -> None:
     assert tv < 1e-9, f"select_gbv K={K} L={L} {kind}: TV {tv:.3g}"
 
 
-@pytest.mark.parametrize("selection", ["kseq", "lex", "fill"])
+@pytest.mark.parametrize("selection", RULES)
 def test_every_walk_mode_is_exact(selection: str) -> None:
     for K, L, zeros in ((2, 2, True), (3, 2, False), (2, 3, True)):
         target, draft = toy_pair(VOCAB[(K, L)], seed=7 + K + L, zeros=zeros)
