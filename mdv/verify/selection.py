@@ -5,7 +5,8 @@ p = target, q = draft).  Shared by ``select_gbv`` (:mod:`mdv.verify.select_gbv`)
 **The walk.**  Keep the set S of drafts that agree with the selected prefix u (initially all K).  At depth
 |u| the m = |S| survivors' next tokens are m i.i.d. draws from q(.|u) (what S is depends only on tokens
 before |u|).  A *token rule* picks one of them, x, and S becomes the survivors whose token is x.  After L
-depths the selected draft is the first of S.  Three token rules:
+depths the selected draft is the first of S.  Three token rules are scored (a fourth, ``first``, is taken
+unscored where only one survivor is all but certain: *The choice* below):
 
 * ``lex`` -- the largest token under the key ``(r(x), -x)``, ``r = min{1, p/q}`` (``mpbv``'s ranking; with
   it at every depth the selected draft is ``mpbv``'s lexicographic maximum).  With ``c(x)`` the q-mass ranked
