@@ -58,8 +58,9 @@ V = 49,152, K = 4, L = 8 this is ~0.85-0.9 target steps on the verifier benchmar
 back to back with the lexicographic rule on forced prefixes: 58-60 ms; with K-SEQ there and on ties: 74-76 ms;
 before the forced choice, the sweeps' stop and the cheaper cube root: 123-137 ms): its drafts rarely agree
 past depth 2, so from depth 3 on the rule is forced, and the sorts, ``fill`` and K-SEQ's factors at the first
-depths are the largest parts.  On real blocks, whose drafts share prefixes, forced prefixes are rarer and the
-forced rule saves less (README, *Performance*).
+depths are the largest parts.  With peakier synthetic laws (``verifier.logit_scale=6`` / ``10``), whose drafts
+agree more often as a trained pair's do, it is 1.7-1.8 target steps; on real blocks, whose drafts share prefixes,
+forced prefixes are rarer and the forced rule saves less (README, *Performance*).
 """
 from __future__ import annotations
 
