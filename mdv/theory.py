@@ -211,12 +211,22 @@ def dominance(rows: Iterable[Row], tol: float = 1e-9) -> dict[str, tuple[int, in
 RANDOM_TOY_SHAPES = ((2, 2), (3, 2), (2, 3))
 
 
+def random_toy_case(rng: np.random.Generator, V: int = 3):
+    """One random toy pair off the grid, drawn from ``rng``: (target, draft, T, zero_prob, model seed), with T in
+    {0.5, 1, 2} and zero_prob in {0, 0.2, 0.4}; the draft's model seed is the target's + 1."""
+    toy_seed = int(rng.integers(1 << 30))
+    zero_prob, T = float(rng.choice([0.0, 0.2, 0.4])), float(rng.choice([0.5, 1.0, 2.0]))
+    target = random_toy_model(V, toy_seed, zero_prob=zero_prob, name="target")
+    draft = random_toy_model(V, toy_seed + 1, zero_prob=zero_prob, name="draft")
+    return target, draft, T, zero_prob, toy_seed
+
+
 def random_toy_dominance(n: int, seed: int, method: str = "select_gbv",
                          peers: Iterable[str] = ("spectr", "mdbv", "mpbv"), progress: bool = False) -> dict:
     """Exact E[tau] of ``method`` against the best of ``peers`` on n random toy pairs off the theory grid.
 
-    Toy t has (K, L) = RANDOM_TOY_SHAPES[t mod 3], V = 3, T drawn from {0.5, 1, 2}, zero_prob from {0, 0.2, 0.4}
-    and its own model seed, all from ``numpy.random.default_rng(seed)``; each E[tau] is exact (enumeration).
+    Toy t has (K, L) = RANDOM_TOY_SHAPES[t mod 3] and V = 3, drawn by :func:`random_toy_case` from
+    ``numpy.random.default_rng(seed)``; each E[tau] is exact (enumeration).
     A miss is a toy with E[tau](method) < max over peers - 1e-9.  Returns the counts, each miss (its toy, the
     peer that wins, the gap as a fraction of that peer's E[tau]) and the mean E[tau] of every method.
     """
@@ -226,10 +236,7 @@ def random_toy_dominance(n: int, seed: int, method: str = "select_gbv",
     below = {m: 0 for m in peers}
     for t in tqdm(range(n), desc="random toys", disable=not progress):
         K, L = RANDOM_TOY_SHAPES[t % len(RANDOM_TOY_SHAPES)]
-        toy_seed = int(rng.integers(1 << 30))
-        zero_prob, T = float(rng.choice([0.0, 0.2, 0.4])), float(rng.choice([0.5, 1.0, 2.0]))
-        target = random_toy_model(3, toy_seed, zero_prob=zero_prob, name="target")
-        draft = random_toy_model(3, toy_seed + 1, zero_prob=zero_prob, name="draft")
+        target, draft, T, zero_prob, toy_seed = random_toy_case(rng)
         value = {m: expected_accepted(m, target, draft, K, L, temperature=T) for m in means}
         for m, v in value.items():
             means[m].append(v)

@@ -156,7 +156,7 @@ def _single_terms(q: Tensor, K: int) -> Tensor:
     return out
 
 
-def _first_terms(q: Tensor, m: int, K: int) -> Tensor:
+def first_kernel(q: Tensor, m: int, K: int) -> Tensor:
     """``T_m(x, j)`` of the ``first`` rule: the first of m survivors drafts x with probability q(x), and j - 1 of
     the other m - 1 draft x too, ``q(x) C(m-1, j-1) q(x)^(j-1) (1 - q(x))^(m-j)``.  q: [N, X] -> [N, X, K+1]."""
     out = torch.zeros(*q.shape, K + 1, dtype=q.dtype, device=q.device)
@@ -173,11 +173,6 @@ def _lex_terms(q: Tensor, c: Tensor, m: int, K: int) -> Tensor:
     for j in range(1, m + 1):
         out[..., j] = math.comb(m, j) * q_pow[j] * c_pow[m - j]
     return out
-
-
-def first_kernel(q: Tensor, m: int, K: int) -> Tensor:
-    """The ``first`` rule's ``T_m(x, j)`` over the whole vocabulary.  q: [N, V] -> [N, V, K+1]."""
-    return _first_terms(q, m, K)
 
 
 def lex_kernel(p: Tensor, q: Tensor, m: int, K: int, below: Tensor | None = None) -> Tensor:
@@ -687,7 +682,7 @@ class NodeLaw:
                 if m == 1:
                     terms = _single_terms(self.q.gather(-1, idx), self.K)
                 elif rule == "first":
-                    terms = _first_terms(self.q.gather(-1, idx), m, self.K)
+                    terms = first_kernel(self.q.gather(-1, idx), m, self.K)
                 elif rule == "lex":
                     terms = _lex_terms(self.q.gather(-1, idx), self.lex_c().gather(-1, idx), m, self.K)
                 elif rule == "fill":
