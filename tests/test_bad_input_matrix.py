@@ -587,6 +587,11 @@ CLI_CASES: dict[str, CliCase] = {
                                     r"verifier.methods: unknown method 'nope'; valid methods are: " + ALL_VERIFIERS),
     "bench/K=0": CliCase("bench", {"verifier.K": "[0]"},
                          r"verifier.K must be a non-empty list of integers >= 1; got \[0\]"),
+    "bench/verifier-unknown-blocks": CliCase("bench", {"verifier.blocks": "nope"},
+                                             r"verifier.blocks=nope; Invalid value 'nope', expected one of \[synthetic,"
+                                             r" real\]"),
+    "bench/verifier-real-dataset": CliCase("bench", {"verifier.blocks": "real", "verifier.real_datasets": "[gsm9k]"},
+                                           r"verifier.real_datasets: unknown dataset 'gsm9k'; valid datasets are: alpaca,"),
     "bench/unknown-dtype": CliCase("bench", {"dtype": "int8"},
                                    r"dtype must be one of float32, bfloat16, float16, float64; got 'int8'"),
     "bench/unknown-dataset": CliCase("bench", {"benchmarks": "[e2e]", "e2e.pair": "tiny_random", "e2e.datasets": "[gsm9k]"},

@@ -125,6 +125,58 @@ def test_verifier_benchmark_without_a_target_reports_no_fraction(tmp_path) -> No
     _check_spread(rec["results"][0]["ms"], 1)
 
 
+def test_verifier_ratio_to_spectr_is_the_per_call_ratio(monkeypatch) -> None:
+    # every timed call makes draws sample calls per method: "x spectr" is the ratio of the two methods' times,
+    # not of one method's per-call time to spectr's per-timed-call time (which shrank it draws-fold)
+    per_timed_call = {"spectr": 0.012, "mdbv": 0.003, "select_gbv": 0.048}
+    monkeypatch.setattr("mdv.bench.verifier.time_call", lambda fn, sync: per_timed_call[fn.args[0].name])
+    cfg = VerifierBench(methods=list(per_timed_call), vocab_sizes=[8], K=[2], L=[2], repeats=2, warmup=0, draws=3,
+                        device="cpu", target_step=False)
+    rec = bench.run_verifier(cfg)
+    rows = {r["method"]: r for r in rec["results"]}
+    for m, t in per_timed_call.items():
+        assert rows[m]["ms"]["median"] == pytest.approx(1e3 * t / 3)  # per sample call
+        if m != "spectr":
+            assert rows[m]["vs_spectr"]["median"] == pytest.approx(t / per_timed_call["spectr"])
+    assert rows["select_gbv"]["vs_spectr"]["median"] == pytest.approx(4.0)
+
+
+def test_real_blocks_come_from_the_pair(tiny_pair) -> None:
+    target, draft, tok = tiny_pair
+    blocks, label = bench.real_blocks(target, draft, tok, K=3, L=4, contexts=2, datasets=["gsm8k"], temperature=0.7,
+                                      seed=5)
+    assert len(blocks) == 2 and "gsm8k" in label
+    for b in blocks:
+        b.validate()
+        assert tuple(b.tokens.shape) == (1, 3, 4) and b.V == TINY.vocab_size
+        assert b.p.dtype == b.q.dtype == torch.float64
+        # every drafted token has positive draft mass, and all drafts start from the one context
+        assert bool((b.q.gather(-1, b.tokens.unsqueeze(-1)) > 0).all())
+        assert torch.equal(b.p[0, :, 0], b.p[0, :1, 0].expand(3, -1))
+        assert torch.equal(b.q[0, :, 0], b.q[0, :1, 0].expand(3, -1))
+    again, _ = bench.real_blocks(target, draft, tok, K=3, L=4, contexts=2, datasets=["gsm8k"], temperature=0.7, seed=5)
+    assert all(torch.equal(a.tokens, b.tokens) and torch.equal(a.p, b.p) for a, b in zip(blocks, again))  # seeded
+
+
+def test_verifier_benchmark_on_real_blocks(tmp_path) -> None:
+    cfg = VerifierBench(methods=["sd", "spectr", "select_gbv"], K=[1, 2], L=[2, 3], blocks="real",
+                        step_pair="tiny_random", real_contexts=2, real_datasets=["gsm8k", "humaneval"], repeats=2,
+                        warmup=0, draws=1, device="cpu", step_context=4, step_calls=1)
+    rec = _check_record(bench.run_verifier(cfg, tiny=TINY), "verifier", tmp_path)
+    V = TINY.vocab_size  # the pair's vocabulary, not verifier.vocab_sizes
+    assert {(r["V"], r["K"], r["L"], r["method"]) for r in rec["results"]} == {
+        (V, K, L, m) for L in (2, 3) for K, ms in ((1, ("sd", "spectr", "select_gbv")), (2, ("spectr", "select_gbv")))
+        for m in ms}
+    for r in rec["results"]:
+        _check_spread(r["ms"], 2)
+        _check_spread(r["step_fraction"], 2)
+    blocks = rec["summary"]["blocks"]
+    assert blocks["source"] == "real" and blocks["contexts"] == 2 and blocks["pair"] == "tiny_random"
+    assert blocks["temperature"] == 0.4 and (blocks["K_max"], blocks["L_max"]) == (2, 3)
+    _check_spread(blocks["tree_prefixes"], 2)
+    assert 3 <= blocks["tree_prefixes"]["min"] <= blocks["tree_prefixes"]["max"] <= 6  # L_max .. K_max L_max
+
+
 def test_synthetic_block_is_valid_with_drafted_q_positive() -> None:
     gen = torch.Generator().manual_seed(0)
     block = bench.synthetic_block(50, 3, 4, generator=gen)

@@ -42,7 +42,7 @@ and reported as its median and range (min, max) over the repeats.  Every record 
 environment (CPU, threads, torch version, dtype, device, load average).  Speed is never asserted here:
 each goal of the issue is reported as met / missed next to the measured figure.
 """
-from mdv.bench.config import (AuditBench, BenchConfig, Benchmark, E2EBench, HFCompareBench, MemoryBench, OracleBench, PairKind,
+from mdv.bench.config import (AuditBench, BenchConfig, Benchmark, BlockSource, E2EBench, HFCompareBench, MemoryBench, OracleBench, PairKind,
                               PairedBench, PassLimitBench, TargetPassBench, TinyPair, VerifierBench, validate)
 from mdv.bench.e2e import interleaved_generations, run_e2e
 from mdv.bench.hf_compare import run_hf_compare
@@ -56,13 +56,13 @@ from mdv.bench.audit import run_audit_bench
 from mdv.bench.runner import run
 from mdv.bench.target_pass import run_target_pass
 from mdv.bench.timing import interleaved, rotated, spread, time_call
-from mdv.bench.verifier import decode_step_times, run_verifier, synthetic_block
+from mdv.bench.verifier import decode_step_times, real_blocks, run_verifier, synthetic_block
 
 __all__ = [
-    "SCHEMA", "AuditBench", "Benchmark", "BenchConfig", "E2EBench", "HFCompareBench", "MemoryBench", "OracleBench", "PairKind",
+    "SCHEMA", "AuditBench", "Benchmark", "BenchConfig", "BlockSource", "E2EBench", "HFCompareBench", "MemoryBench", "OracleBench", "PairKind",
     "PairedBench", "PassLimitBench",
     "TargetPassBench", "TinyPair", "VerifierBench", "decode_step_times", "environment", "interleaved",
-    "interleaved_generations", "largest_size", "load_pair", "load_target_model", "print_table", "prompt_ids",
+    "interleaved_generations", "largest_size", "load_pair", "load_target_model", "print_table", "prompt_ids", "real_blocks",
     "rotated", "rss_trend", "run", "run_audit_bench", "run_e2e", "run_hf_compare", "run_memory", "run_oracle", "run_paired_bench", "run_paired_benchmark",
     "run_pass_limit", "run_target_pass", "run_verifier", "spread", "synthetic_block", "time_call", "validate", "write_json",
 ]

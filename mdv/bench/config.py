@@ -32,6 +32,14 @@ class Benchmark(str, enum.Enum):
     hf_compare = "hf_compare"
 
 
+class BlockSource(str, enum.Enum):
+    """Where the ``verifier`` benchmark's blocks come from: ``synthetic`` (:func:`mdv.bench.verifier.synthetic_block`,
+    one per V, K, L) or ``real`` (drafted by a model pair's draft at dataset prompts and scored by its target)."""
+
+    synthetic = "synthetic"
+    real = "real"
+
+
 class PairKind(str, enum.Enum):
     """``default``: SmolLM2-135M-Instruct + the shipped draft (:mod:`mdv.models.default_pair`);
     ``tiny_random``: a tiny random Llama pair built in code (tests, smoke runs; its numbers mean nothing)."""
@@ -42,7 +50,8 @@ class PairKind(str, enum.Enum):
 
 @dataclass
 class VerifierBench:
-    """``verifier``: V x K x L grid of synthetic blocks; single-draft methods run at K = 1 only."""
+    """``verifier``: V x K x L grid of synthetic blocks, or K x L on real blocks of a model pair
+    (``blocks=real``); single-draft methods run at K = 1 only."""
 
     methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
     vocab_sizes: list[int] = field(default_factory=lambda: [1000, 32000, 49152, 151936])
@@ -70,6 +79,14 @@ class VerifierBench:
     goal_V: int = 49152
     goal_K: int = 4
     goal_L: int = 8
+    #: ``real``: time every cell on blocks that ``step_pair``'s draft proposes (K_max drafts of L_max tokens, the
+    #: first K and L of them per cell) at ``real_contexts`` prompts of ``real_datasets`` and its target scores in
+    #: one tree pass at ``temperature`` (the paired measurement's draw); V is the pair's vocabulary, so
+    #: ``vocab_sizes``, ``logit_scale`` and ``target_noise`` are not used.
+    blocks: BlockSource = BlockSource.synthetic
+    real_contexts: int = 8
+    real_datasets: list[str] = field(default_factory=lambda: ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"])
+    temperature: float = 0.4
 
 
 @dataclass
@@ -410,6 +427,7 @@ def validate(cfg: BenchConfig) -> None:
     for name, value, lo in (("verifier.repeats", cfg.verifier.repeats, 1), ("verifier.draws", cfg.verifier.draws, 1),
                             ("verifier.step_calls", cfg.verifier.step_calls, 1),
                             ("verifier.step_context", cfg.verifier.step_context, 1),
+                            ("verifier.real_contexts", cfg.verifier.real_contexts, 1),
                             ("target_pass.K", cfg.target_pass.K, 1), ("target_pass.L", cfg.target_pass.L, 1),
                             ("target_pass.context", cfg.target_pass.context, 2), ("target_pass.repeats", cfg.target_pass.repeats, 1),
                             ("e2e.n_prompts", cfg.e2e.n_prompts, 2), ("e2e.max_new_tokens", cfg.e2e.max_new_tokens, 1),
@@ -490,7 +508,10 @@ def validate(cfg: BenchConfig) -> None:
             raise UnknownNameError(f"oracle.lp_kinds: {unknown_name('LP kind', k, ['valid', 'greedy'])}")
     from mdv.data import DATASETS
 
-    for where, names in (("e2e.datasets", cfg.e2e.datasets), ("memory.datasets", cfg.memory.datasets)):
+    if not cfg.verifier.temperature >= 0:
+        raise InvalidInputError(f"verifier.temperature must be a number >= 0; got {cfg.verifier.temperature}")
+    for where, names in (("e2e.datasets", cfg.e2e.datasets), ("memory.datasets", cfg.memory.datasets),
+                         ("verifier.real_datasets", cfg.verifier.real_datasets)):
         for name in names:  # a typo must not silently fall back to the fixed prompt list
             if name not in DATASETS:
                 raise UnknownNameError(f"{where}: {unknown_name('dataset', name, list(DATASETS))}")

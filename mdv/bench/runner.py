@@ -38,7 +38,7 @@ def run(cfg: BenchConfig, out_dir: Path | str) -> dict[str, dict[str, Any]]:
             target = None
             if cfg.verifier.target_step and PairKind(cfg.verifier.step_pair) == PairKind.tiny_random:
                 target = load_target_model(torch_device(cfg.verifier.device), PairKind.tiny_random, cfg.tiny, cfg.dtype)
-            rec = run_verifier(cfg.verifier, target, dtype=cfg.dtype)
+            rec = run_verifier(cfg.verifier, target, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "target_pass":
             rec = run_target_pass(cfg.target_pass, tiny=cfg.tiny, dtype=cfg.dtype)
         elif name == "e2e":

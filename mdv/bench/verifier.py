@@ -1,6 +1,11 @@
 """The ``verifier`` benchmark: the fast path (:meth:`Verifier.sample`) of every verifier on synthetic float64 p /
-q over a V x K x L grid: ms per call and as a fraction of one decode step of the default target, measured in
-the same run; also ``spectr_gbv`` and ``mdbv`` relative to ``spectr``. Runs on CUDA when present.
+q over a V x K x L grid, or on real blocks of a model pair over K x L (``verifier.blocks=real``): ms per call and
+as a fraction of one decode step of the default target, measured in the same run; also ``spectr_gbv`` and
+``mdbv`` relative to ``spectr``. Runs on CUDA when present.
+
+Real blocks matter for the rules whose cost grows with how often the drafts agree (``select_gbv`` scores its
+token rules at every prefix where two or more drafts may still survive): a trained pair at T = 0.4 drafts the
+same tokens far more often than the synthetic laws at ``logit_scale`` 3.
 """
 from __future__ import annotations
 
@@ -11,8 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from mdv.bench.config import TinyPair, VerifierBench
-from mdv.bench.pairs import default_target_available, load_target_model, torch_device
+from mdv.bench.config import BlockSource, PairKind, TinyPair, VerifierBench
+from mdv.bench.pairs import default_target_available, load_pair, load_target_model, prompt_ids, torch_device
 from mdv.bench.records import bench_record, goal_record, print_goals, print_table, range_text
 from mdv.bench.timing import ratios_of, spread, sync_for, time_call
 
@@ -39,6 +44,34 @@ def synthetic_block(V: int, K: int, L: int, *, generator: torch.Generator, devic
     return Block(tokens, q, p).validate()
 
 
+def real_blocks(target: Any, draft: Any, tokenizer: Any, *, K: int, L: int, contexts: int, datasets: list[str],
+                temperature: float, seed: int) -> tuple[list[Any], str]:
+    """``contexts`` :class:`~mdv.verify.base.Block` s (B = 1, float64) of K drafts of length L: at each of
+    ``contexts`` prompts (round robin over ``datasets``, :func:`~mdv.bench.pairs.prompt_ids`) the pair's draft
+    proposes K i.i.d. drafts with their laws q and the target scores them in one tree pass, both at
+    ``temperature`` -- the paired measurement's draw (:class:`mdv.paired.measure.ContextProbe`), with a seed per
+    prompt.  -> (blocks, where the prompts came from)."""
+    from mdv.models.sampling import SamplingConfig
+    from mdv.paired.measure import ContextProbe
+
+    prompts, label = prompt_ids(tokenizer, datasets, contexts, seed)
+    sampling = SamplingConfig(float(temperature), None, None)
+    blocks = []
+    for i, ids in enumerate(prompts):
+        probe = ContextProbe(target, draft, ids, sampling, seed=int(seed) + i)
+        blocks.append(probe.measure(list(ids), K, L, []).block)
+    return blocks, label
+
+
+def _first(block: Any, K: int, L: int, device: torch.device) -> Any:
+    """The first K drafts of ``block`` cut at length L, on ``device`` and contiguous (the verifiers' C paths
+    read whole rows)."""
+    from mdv.verify.base import Block
+
+    return Block(*(x.to(device).contiguous() for x in (block.tokens[:, :K, :L], block.q[:, :K, :L],
+                                                       block.p[:, :K, :L + 1])))
+
+
 def decode_step_times(target: Any, context: int, calls: int, sync: Callable[[], None], seed: int = 0) -> list[float]:
     """Seconds of ``calls`` single-token decode steps of ``target`` (HFModel) with ``context`` tokens in its
     KV cache (each step is rolled back, so all see the same cache)."""
@@ -60,7 +93,9 @@ def decode_step_times(target: Any, context: int, calls: int, sync: Callable[[], 
 def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None = None,
                  dtype: str = "float32") -> dict[str, Any]:
     """The ``verifier`` benchmark.  ``target``: an HFModel whose decode step is the yardstick (None: the
-    default target is loaded when ``cfg.target_step`` and its file is present)."""
+    default target is loaded when ``cfg.target_step`` and its file is present).  With ``cfg.blocks = real`` the
+    pair ``cfg.step_pair`` (``tiny`` for the tiny random one) is loaded for the blocks, and its target is the
+    yardstick."""
     from mdv.verify.base import Uniforms
     from mdv.verify.registry import VERIFIERS
 
@@ -68,6 +103,24 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
     dev = torch_device(cfg.device)
     sync = sync_for(dev)
     step_reason = None
+    real = BlockSource(cfg.blocks) == BlockSource.real
+    blocks_of: dict[int, list[Any]] = {}  # real blocks: V -> the blocks (one V, the pair's)
+    blocks_info: dict[str, Any] = {"source": "synthetic", "logit_scale": cfg.logit_scale,
+                                   "target_noise": cfg.target_noise}
+    if real:
+        pair_target, draft, tok = load_pair(dev, PairKind(cfg.step_pair), tiny, dtype)
+        target = pair_target if target is None else target
+        with torch.inference_mode():
+            found, label = real_blocks(pair_target, draft, tok, K=max(cfg.K), L=max(cfg.L), contexts=cfg.real_contexts,
+                                       datasets=list(cfg.real_datasets), temperature=cfg.temperature, seed=cfg.seed)
+        blocks_of[found[0].V] = found
+        blocks_info = {"source": "real", "pair": PairKind(cfg.step_pair).value, "contexts": len(found), "prompts": label,
+                       "temperature": cfg.temperature, "K_max": max(cfg.K), "L_max": max(cfg.L),
+                       # how often the drafts agree: distinct draft prefixes of the K_max x L_max tree (K_max L_max when
+                       # no two drafts share a token at depth 1)
+                       "tree_prefixes": spread([float(len({tuple(d[:i]) for d in b.tokens[0].tolist()
+                                                           for i in range(1, max(cfg.L) + 1)})) for b in found])}
+        del pair_target, draft
     if cfg.target_step and target is None:
         ok, why = default_target_available()
         if ok:
@@ -79,22 +132,25 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     results: list[dict[str, Any]] = []
     step_all: list[float] = []
+    per_call = cfg.draws * (len(next(iter(blocks_of.values()))) if real else 1)  # sample calls in one timed call
     with torch.inference_mode():
-        for V in cfg.vocab_sizes:
-            # every (K, L, method) cell of this V: one block per (K, L), built once
+        for V in (list(blocks_of) if real else cfg.vocab_sizes):
+            # every (K, L, method) cell of this V: its blocks (one synthetic block, or the real ones cut to K, L)
             cells = []
             for K in cfg.K:
                 for L in cfg.L:
                     methods = [m for m in cfg.methods if VERIFIERS[m].multi_draft or K == 1]
                     if not methods:
                         continue
-                    block = synthetic_block(V, K, L, generator=gen, device=dev, logit_scale=cfg.logit_scale,
-                                            target_noise=cfg.target_noise)
+                    blocks = ([_first(b, K, L, dev) for b in blocks_of[V]] if real else
+                              [synthetic_block(V, K, L, generator=gen, device=dev, logit_scale=cfg.logit_scale,
+                                               target_noise=cfg.target_noise)])
                     unis = [Uniforms.draw(1, K, L, gen, device=dev) for _ in range(cfg.draws)]
 
-                    def call(v: Any, b: Any = block, us: list[Any] = unis) -> None:
-                        for u in us:
-                            v.sample(b, u, v.initial_state())
+                    def call(v: Any, bs: list[Any] = blocks, us: list[Any] = unis) -> None:
+                        for b in bs:
+                            for u in us:
+                                v.sample(b, u, v.initial_state())
 
                     for m in methods:
                         cells.append(((V, K, L, m), functools.partial(call, VERIFIERS[m]())))
@@ -117,12 +173,13 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
                     steps.append(st)
             step_all += steps
             for (V_, K, L, m), ts in times.items():
-                ts = [t / cfg.draws for t in ts]  # seconds per draw
+                ts = [t / per_call for t in ts]  # seconds per sample call
                 row = {"V": V_, "K": K, "L": L, "method": m, "ms": spread([1e3 * t for t in ts]),
                        "step_fraction": spread(ratios_of(ts, steps)), "target_step_ms": spread([1e3 * s for s in steps])}
                 ref = times.get((V_, K, L, "spectr"))
                 if ref is not None and m != "spectr":
-                    row["vs_spectr"] = spread(ratios_of(ts, ref))
+                    # both timed calls make per_call sample calls: their raw times' ratio is the per-call ratio
+                    row["vs_spectr"] = spread(ratios_of(times[V_, K, L, m], ref))
                 results.append(row)
             del fns, cells, times
             if dev.type == "cuda":
@@ -130,9 +187,11 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
     step_ms = spread([1e3 * s for s in step_all])
     rows = [[r["V"], r["K"], r["L"], r["method"], range_text(r["ms"]), range_text(r["step_fraction"], pct=True),
              range_text(r.get("vs_spectr", {}))] for r in results]
-    print_table(f"verifier fast path (sample) on {dev}; target decode step {range_text(step_ms)} ms"
+    where = (f"{blocks_info['contexts']} real blocks of the {blocks_info['pair']} pair at T = {cfg.temperature}"
+             f" ({blocks_info['prompts']})" if real else f"synthetic blocks (logit_scale {cfg.logit_scale})")
+    print_table(f"verifier fast path (sample) on {dev}, {where}; target decode step {range_text(step_ms)} ms"
                 f"{' (' + step_reason + ')' if step_reason else ''}; median [min, max] over {cfg.repeats} interleaved"
-                f" repeats of the mean over {cfg.draws} uniform draws", ["V", "K", "L", "method", "ms/call", "of a target step", "x spectr"], rows)
+                f" repeats of the mean over {cfg.draws} uniform draws" + (" per block" if real else ""), ["V", "K", "L", "method", "ms/call", "of a target step", "x spectr"], rows)
     goals = []
     for m in cfg.methods:
         K = cfg.goal_K if VERIFIERS[m].multi_draft else 1
@@ -156,7 +215,7 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
         goals.append(goal_record(f"paper's claim: spectr_gbv verification < 0.5x spectr's (V={cfg.goal_V}, K={cfg.goal_K},"
                            f" L={cfg.goal_L})", vs_spectr["spectr_gbv"]["median"], 0.5))
     print_goals(goals)
-    summary = {"target_step_ms": step_ms, "target_step_context": cfg.step_context, "target_step_reason": step_reason,
+    summary = {"blocks": blocks_info, "target_step_ms": step_ms, "target_step_context": cfg.step_context, "target_step_reason": step_reason,
                "target": getattr(target, "name", None), "vs_spectr_at_goal_cell": vs_spectr}
     return bench_record("verifier", cfg, str(dev), "float64 (verifiers); float32 (target)", results, summary, goals,
                    wall_seconds=time.perf_counter() - t_start)

@@ -56,8 +56,13 @@ def section_verifier(rec: Record, K: int, L: int) -> list[str]:
             f" cached tokens: {rng(step)} ms")
     if summ.get("target_step_reason"):
         yard += f" (no step fraction: {summ['target_step_reason']})"
+    blocks = summ.get("blocks") or {"source": "synthetic"}
+    where = (f"{blocks.get('contexts', '?')} real blocks of the {blocks.get('pair', '?')} pair at T ="
+             f" {blocks.get('temperature', '?')} (prompts: {blocks.get('prompts', '?')}; distinct draft prefixes per"
+             f" block of {blocks.get('K_max', '?')} x {blocks.get('L_max', '?')}: {rng(blocks.get('tree_prefixes'))})"
+             if blocks.get("source") == "real" else "synthetic blocks")
     lines = ["## verifier: fast-path cost", "",
-             f"`Verifier.sample` on synthetic blocks (B = 1), device {env.get('device', '?')}, dtype"
+             f"`Verifier.sample` on {where} (B = 1), device {env.get('device', '?')}, dtype"
              f" {env.get('dtype', '?')}; yardstick: {yard}. Median [min, max] over {cfg.get('repeats', '?')}"
              f" interleaved repeats ({cfg.get('warmup', '?')} warm-up); single-draft methods run at K = 1 only.", ""]
     series = verifier_series(rec, k, l_)
