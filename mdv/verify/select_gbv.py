@@ -59,8 +59,9 @@ back to back with the lexicographic rule on forced prefixes: 58-60 ms; with K-SE
 before the forced choice, the sweeps' stop and the cheaper cube root: 123-137 ms): its drafts rarely agree
 past depth 2, so from depth 3 on the rule is forced, and the sorts, ``fill`` and K-SEQ's factors at the first
 depths are the largest parts.  With peakier synthetic laws (``verifier.logit_scale=6`` / ``10``), whose drafts
-agree more often as a trained pair's do, it is 1.7-1.8 target steps; on real blocks, whose drafts share prefixes,
-forced prefixes are rarer and the forced rule saves less (README, *Performance*).
+agree more often as a trained pair's do, it is 1.7-1.8 target steps; on real blocks of the default pair at T = 0.4
+(``verifier.blocks=real``), whose drafts share prefixes, every prefix of the selected draft is scored and it is
+~1.56 target steps (86 ms; README, *Performance*).
 """
 from __future__ import annotations
 
