@@ -40,7 +40,7 @@ from mdv.verify.mpbv import below_mass
 from mdv.verify.selection import (FILL_EPS, FILL_SWEEPS, SortedMasses, fill_factors, fill_law, fill_marginal,
                                   fill_marks, fill_marks_torch, fill_order, fill_order_torch, kseq_factors,
                                   kseq_factors_torch, kseq_marginal, lex_below, lex_below_torch, lex_marginal, node_step,
-                                  overlap)
+                                  overlap, reach_mass)
 from tests.conftest import toy_pair
 from tests.test_verify_select_gbv import _exactly_summed_rho, _rows_with_ties_and_zeros
 
@@ -312,6 +312,22 @@ def test_overlap_in_c_equals_torchs_and_is_row_by_row(V: int) -> None:
     assert torch.equal(got[4:5], overlap(target[4:5], q[4:5]))  # alone or in a batch
     if V >= 20:  # row 1 has p = q: the overlap is min(ratio, 1)
         assert abs(float(got[1]) - min(float(ratio[1]), 1.0)) < 1e-14
+
+
+@pytest.mark.parametrize("V", MARGINAL_SIZES)
+def test_ceiling_in_c_equals_the_overlap_with_the_reach_mass(V: int) -> None:
+    rng = np.random.default_rng(750 + V)
+    p, q = _rows(rng, 5, V)
+    target = torch.tensor(rng.uniform(0.2, 3.0, size=5)).unsqueeze(-1) * p
+    pi = torch.tensor(rng.dirichlet(np.ones(5), size=5))
+    pi[:, 0] = 0.0
+    pi[1, 3] = 0.0  # a count that cannot occur
+    pi[2, 2:] = 0.0  # one survivor: the reach is q
+    pi = pi / pi.sum(-1, keepdim=True)
+    got = native.ceiling(native.loops_library(), target, q, pi)
+    torch.testing.assert_close(got, overlap(target, reach_mass(q, pi)), rtol=0, atol=1e-15)
+    assert torch.equal(got[3:4], native.ceiling(native.loops_library(), target[3:4], q[3:4], pi[3:4]))
+    torch.testing.assert_close(got[2], overlap(target[2:3], q[2:3])[0], rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize("V", (40, 300, 5000, 49152))

@@ -41,7 +41,7 @@ from mdv.verify.select_gbv import SelectGreedyBlockVerification
 from mdv.verify.mpbv import below_mass
 from mdv.verify.selection import (CHOICE_ORDER, CHOICE_TOL, FILL_EPS, FILL_SWEEPS, FORCED_MASS, FORCED_RULE, RULES, advance_survivors, fill_choice,
                                   fill_kernel, SortedMasses, fill_order, fill_rule, kseq_kernel, lex_below, lex_kernel,
-                                  first_kernel, node_step, overlap)
+                                  first_kernel, node_step, overlap, reach_mass)
 from mdv.verify.spectr import RHO_ITERS, kseq_gap, kseq_residual, kseq_rho
 from mdv.theory import random_toy_case, random_toy_dominance
 from tests.conftest import toy_pair
@@ -356,6 +356,37 @@ def test_node_law_equals_the_tabulated_kernels(V: int) -> None:
                 assert torch.allclose(mass, law.q_sel[torch.arange(N), tok], rtol=0, atol=0)
                 assert torch.all((new_pi.sum(-1) - 1.0).abs() < 1e-12) or not bool((mass > 0).all())
     assert worst < 1e-14, worst
+
+
+@pytest.mark.parametrize("V", [40, 200])
+def test_rules_below_the_ceiling_are_skipped_without_changing_the_choice(V: int) -> None:
+    """No token rule scores above the ceiling sum_x min(t, R) (R = reach_mass: some survivor drafted x), on
+    peaky rows like a trained pair's (where the drafts agree) and on flat ones; node_step skips the rules that
+    the ceiling rules out, and its choice and law are still the definition's with every rule scored
+    (_full_kernel_step).  The skip happens on these rows (else this would test nothing).  One row per call, as
+    the walk makes them (V > MEMO_MAX_V: no memo hands back a law whose factors an earlier call filled)."""
+    rng = np.random.default_rng(900 + V)
+    skipped = 0
+    for trial in range(36):
+        K = int(rng.integers(2, 5))
+        z = rng.standard_normal((1, V)) * (1.0, 10.0, 25.0)[trial % 3]
+        q = torch.softmax(torch.tensor(z), -1)
+        p = torch.softmax(torch.tensor(z + rng.standard_normal((1, V)) * rng.uniform(0.1, 0.3)), -1)
+        pi = torch.zeros(1, K + 1, dtype=f64)
+        pi[0, 1:] = torch.tensor(rng.dirichlet(np.ones(K) * 0.5))
+        if trial % 2:  # the drafts agreed so far, as at T = 0.4 (mostly all K survive)
+            pi[0, 1:] = 0.1 * pi[0, 1:] + 0.9 * torch.nn.functional.one_hot(torch.tensor(K - 1), K).to(f64)
+        ratio = torch.tensor(rng.uniform(0.5, 2.0, size=1))
+        law = node_step(p, q, ratio, pi, "choose")
+        skipped += not any(key[0] == "fill" for key in law._factors)  # fill's law never computed
+        rule, nxt = _full_kernel_step(p, q, ratio, pi, "choose")
+        assert torch.equal(law.rule, rule), trial
+        torch.testing.assert_close(law.q_sel, nxt.sum(-1), rtol=0, atol=1e-14)
+        target = ratio.unsqueeze(-1) * p
+        ceiling = overlap(target, reach_mass(q, pi))
+        for r in RULES:
+            assert bool((overlap(target, law.marginal(r)) <= ceiling + 1e-15).all()), (trial, r)
+    assert skipped >= 5, skipped
 
 
 @pytest.mark.parametrize("V", [6, 40, 5000])

@@ -25,6 +25,7 @@ C (this module)            reference                                           b
 :func:`kseq_factors`       :func:`mdv.verify.selection.kseq_factors_torch`     sums: 1e-15, else equal
 :func:`kseq_marginal_add`  ``acc + pi(m) * selection.kseq_marginal``           its sum's rounding (1e-15)
 :func:`overlap`            ``torch.minimum(target, marginal).sum(-1)``         its sum's rounding (1e-15)
+:func:`ceiling`            ``overlap(target, selection.reach_mass(q, pi))``     its sum's rounding (1e-15)
 =========================  ==================================================  ==========================
 
 Where the reference sums over V in torch (whose reductions are not sequential, and round one row alone
@@ -98,6 +99,8 @@ def loops_library() -> ctypes.CDLL | None:
     lib.sel_fill_law.restype = None
     lib.sel_overlap.argtypes = [_c_long, _c_long] + [_ptr] * 3
     lib.sel_overlap.restype = None
+    lib.sel_ceiling.argtypes = [_c_long, _c_long, _c_int] + [_ptr] * 4
+    lib.sel_ceiling.restype = None
     return lib
 
 
@@ -244,5 +247,16 @@ def overlap(lib: ctypes.CDLL, target: Tensor, marginal: Tensor) -> Tensor:
     return score
 
 
+def ceiling(lib: ctypes.CDLL, target: Tensor, q: Tensor, pi: Tensor) -> Tensor:
+    """The choice's ceiling ``sum_x min(target, reach_mass(q, pi))`` per row in one pass (no [N, V] reach
+    row), summed in long double.  target, q: CPU float64 [N, V]; pi: [N, K+1] -> [N]."""
+    target, q = _rows_of(target, q)
+    pi = pi.to(torch.float64).contiguous()
+    out = torch.empty(target.shape[0], dtype=torch.float64)
+    lib.sel_ceiling(target.shape[0], target.shape[1], pi.shape[-1] - 1, target.data_ptr(), q.data_ptr(), pi.data_ptr(),
+                    out.data_ptr())
+    return out
+
+
 __all__ = ["loops_library", "native_rows", "kseq_rho_active", "rank_order", "fill_marks", "lex_below", "sorted_masses", "kseq_rho",
-           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "overlap"]
+           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "overlap", "ceiling"]

@@ -604,3 +604,22 @@ void sel_overlap(long N, long V, const double *target, const double *marginal, d
         score[n] = (double)sum;
     }
 }
+
+/* The choice's ceiling (selection.reach_mass and overlap): sum_x min(target(x), R(x)) per row, with
+ * R(x) = pi(1) q(x) + sum_{m >= 2, pi(m) > 0} pi(m) (q(x) N_m(1, 1 - q(x))), the terms in the reference's order
+ * (N_m by power_sum), the sum left to right in long double.  target, q: [N, V]; pi: [N, K+1]; ceiling: [N] out. */
+void sel_ceiling(long N, long V, int K, const double *target, const double *q, const double *pi, double *ceiling)
+{
+    for (long n = 0; n < N; n++) {
+        const double *tn = target + n * V, *qn = q + n * V, *pn = pi + n * (K + 1);
+        long double sum = 0.0L;
+        for (long x = 0; x < V; x++) {
+            double qx = qn[x], keep = 1.0 - qx, reach = pn[1] * qx;
+            for (int m = 2; m <= K; m++)
+                if (pn[m] > 0.0)
+                    reach = reach + pn[m] * (qx * power_sum(1.0, keep, m));
+            sum += tn[x] < reach ? tn[x] : reach;
+        }
+        ceiling[n] = (double)sum;
+    }
+}
