@@ -61,7 +61,8 @@ past depth 2, so from depth 3 on the rule is forced, and the sorts, ``fill`` and
 depths are the largest parts.  With peakier synthetic laws (``verifier.logit_scale=6`` / ``10``), whose drafts
 agree more often as a trained pair's do, it is 1.7-1.8 target steps; on real blocks of the default pair at T = 0.4
 (``verifier.blocks=real``), whose drafts share prefixes, every prefix of the selected draft is scored and it is
-~1.56 target steps (86 ms; README, *Performance*).
+~1.1 target steps (62-64 ms; 1.6-1.7 before the choice skipped the rules that its ceiling rules out,
+:mod:`mdv.verify.selection`; README, *Performance*).
 """
 from __future__ import annotations
 
