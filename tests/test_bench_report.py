@@ -275,6 +275,26 @@ def test_plots_are_png_images(report) -> None:
     assert "Missing benchmarks" not in md and "missing benchmark" not in stdout
 
 
+def test_real_blocks_are_named_and_one_vocabulary_is_drawn_as_bars(tmp_path) -> None:
+    cfg = BenchConfig(benchmarks=[Benchmark.verifier], threads=1, tiny=TINY, verifier=VerifierBench(
+        methods=["sd", "spectr", "select_gbv"], K=[1, 2], L=[2], repeats=1, warmup=0, draws=1, device="cpu",
+        step_pair=PairKind.tiny_random, step_context=4, step_calls=1, blocks="real", real_contexts=2,
+        real_datasets=["gsm8k"]))
+    records = tmp_path / "2026-01-02_00-00-00"
+    threads = torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            bench.run(cfg, records)
+    finally:
+        torch.set_num_threads(threads)
+    rc, stdout, stderr = run_main(records, "--out", tmp_path / "report")
+    assert rc == 0, stderr
+    md = (tmp_path / "report" / "bench_report.md").read_text()
+    assert "`Verifier.sample` on 2 real blocks of the tiny_random pair at T = 0.4" in md
+    assert is_png(tmp_path / "report" / "verify_cost_vs_vocab.png")
+    assert f"verifier cost at V={TINY.vocab_size}, K=2, L=2 on 2 real blocks of the tiny_random pair" in stdout
+
+
 def test_newest_record_wins_in_any_folder_order(records_dir, tmp_path) -> None:
     src = records_dir / "bench_e2e.json"
 

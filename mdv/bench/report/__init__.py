@@ -16,7 +16,8 @@ Output (``--out``, default ``<first folder>/report``):
   values are the records' own, see :func:`mdv.bench.records.goal_record`), and a table of every figure per
   benchmark;
 * ``verify_cost_vs_vocab.png``: the verifier fast path's cost vs V (log x) at one (K, L), one line per method
-  (single-draft methods at K = 1), as ms per call and as a fraction of one target decode step;
+  (single-draft methods at K = 1), as ms per call and as a fraction of one target decode step; a bar per method
+  where the record has one V (``verifier.blocks=real``: the pair's vocabulary);
 * ``e2e_speedup_vs_L.png``: end-to-end decode speedup over AR vs L, one line per (method, K), one panel per
   temperature;
 * ``e2e_time_split.png``: the draft / target / verify / other share of decode time per (method, K, L),

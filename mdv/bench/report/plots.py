@@ -39,6 +39,8 @@ def plot_verify_cost(rec: Record, path: Path, K: int, L: int) -> str:
     fr_pts = {m: v for m, v in fr_pts.items() if v}
     if not ms_pts:
         raise _Skip(f"no measured verifier cost at K={k}, L={l_}")
+    if len({r["V"] for rs in ms_pts.values() for r in rs}) == 1:  # one V (e.g. real blocks): bars, not lines
+        return _plot_verify_cost_bars(rec, path, k, l_, note, ms_pts, fr_pts, multi)
     plt = _plt()
     n = 2 if fr_pts else 1
     fig, axes = plt.subplots(1, n, figsize=(5.4 * n, 4.4), squeeze=False)
@@ -78,6 +80,61 @@ def plot_verify_cost(rec: Record, path: Path, K: int, L: int) -> str:
     plt.close(fig)
     what = "ms per call" + (" and share of a target step" if fr_pts else " (no target step measured)")
     return f"verifier cost vs V at K={k}, L={l_}: {what}" + (f" ({note})" if note else "")
+
+
+def _goal_lines(ax, rec: Record) -> None:
+    """The record's target-step goals as vertical dotted lines on a share-of-a-step axis (in %)."""
+    for lim in sorted({g["limit"] for g in rec.goals if "target step" in g["goal"] and g.get("limit") is not None}):
+        ax.axvline(100 * lim, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f"goal {pct(lim)}", (100 * lim, 1.0), xycoords=("data", "axes fraction"), ha="left", va="top",
+                    fontsize=7, color="grey", rotation=90)
+
+
+def _plot_verify_cost_bars(rec: Record, path: Path, k: int, l_: int, note: str, ms_pts: dict[str, list],
+                           fr_pts: dict[str, list], multi: set[str]) -> str:
+    """:func:`plot_verify_cost` where the record has one V: a bar per method (median, whiskers min-max), ms per
+    call and share of a target step side by side."""
+    plt = _plt()
+    methods = list(ms_pts)
+    labels = [_method_k_label(m, multi, k) for m in methods]
+    V = ms_pts[methods[0]][0]["V"]
+    n = 2 if fr_pts else 1
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 0.45 * len(methods) + 1.8), squeeze=False)
+    axes = axes[0]
+    panels = [(axes[0], lambda r: r["ms"], 1.0, "ms per call (median, min–max)")]
+    if fr_pts:
+        panels.append((axes[1], lambda r: r["step_fraction"], 100.0, "% of one target decode step"))
+    for ax, field, scale, xlabel in panels:
+        ys = list(range(len(methods)))[::-1]
+        for y, m in zip(ys, methods):
+            rows = (ms_pts if scale == 1.0 else fr_pts).get(m)
+            if not rows:
+                continue
+            s_ = field(rows[0])
+            med = s_["median"] * scale
+            lo = med - (s_.get("min") if s_.get("min") is not None else s_["median"]) * scale
+            hi = (s_.get("max") if s_.get("max") is not None else s_["median"]) * scale - med
+            ax.barh(y, med, color=_color(m), alpha=0.85, hatch=None if m in multi else "//")
+            ax.errorbar([med], [y], xerr=[[max(lo, 0.0)], [max(hi, 0.0)]], color="black", capsize=3, linewidth=1)
+            ax.annotate(f" {fmt(med)}" + ("%" if scale != 1.0 else ""), (med, y), va="center", fontsize=7)
+        ax.set_yticks(ys)
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.grid(alpha=0.3, which="both", axis="x")
+    if fr_pts:
+        _goal_lines(axes[1], rec)
+        axes[1].set_yticklabels([])
+    blocks = rec.summary.get("blocks") or {}
+    where = (f"{blocks.get('contexts', '?')} real blocks of the {blocks.get('pair', '?')} pair, T = {blocks.get('temperature', '?')}"
+             if blocks.get("source") == "real" else "a synthetic block")
+    fig.suptitle(f"verifier cost at V={V}, K={k}, L={l_} on {where} (hatched: single-draft, K=1)"
+                 + (f"\n{note}" if note else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    what = "ms per call" + (" and share of a target step" if fr_pts else " (no target step measured)")
+    return f"verifier cost at V={V}, K={k}, L={l_} on {where}: {what}" + (f" ({note})" if note else "")
 
 
 def plot_e2e_speedup(rec: Record, path: Path) -> str:
