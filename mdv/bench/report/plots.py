@@ -101,22 +101,23 @@ def _plot_verify_cost_bars(rec: Record, path: Path, k: int, l_: int, note: str, 
     n = 2 if fr_pts else 1
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 0.45 * len(methods) + 1.8), squeeze=False)
     axes = axes[0]
-    panels = [(axes[0], lambda r: r["ms"], 1.0, "ms per call (median, min–max)")]
+    # (axis, points, field, scale, unit, label)
+    panels = [(axes[0], ms_pts, "ms", 1.0, "", "ms per call (median, min–max)")]
     if fr_pts:
-        panels.append((axes[1], lambda r: r["step_fraction"], 100.0, "% of one target decode step"))
-    for ax, field, scale, xlabel in panels:
-        ys = list(range(len(methods)))[::-1]
+        panels.append((axes[1], fr_pts, "step_fraction", 100.0, "%", "% of one target decode step"))
+    ys = list(range(len(methods)))[::-1]  # the first method on top
+    for ax, points, field, scale, unit, xlabel in panels:
         for y, m in zip(ys, methods):
-            rows = (ms_pts if scale == 1.0 else fr_pts).get(m)
-            if not rows:
+            if not points.get(m):
                 continue
-            s_ = field(rows[0])
-            med = s_["median"] * scale
-            lo = med - (s_.get("min") if s_.get("min") is not None else s_["median"]) * scale
-            hi = (s_.get("max") if s_.get("max") is not None else s_["median"]) * scale - med
+            spread_ = points[m][0][field]
+            med = spread_["median"] * scale
+            lo = (spread_["min"] if spread_.get("min") is not None else spread_["median"]) * scale
+            hi = (spread_["max"] if spread_.get("max") is not None else spread_["median"]) * scale
             ax.barh(y, med, color=_color(m), alpha=0.85, hatch=None if m in multi else "//")
-            ax.errorbar([med], [y], xerr=[[max(lo, 0.0)], [max(hi, 0.0)]], color="black", capsize=3, linewidth=1)
-            ax.annotate(f" {fmt(med)}" + ("%" if scale != 1.0 else ""), (med, y), va="center", fontsize=7)
+            ax.errorbar([med], [y], xerr=[[max(med - lo, 0.0)], [max(hi - med, 0.0)]], color="black", capsize=3,
+                        linewidth=1)
+            ax.annotate(f" {fmt(med)}{unit}", (med, y), va="center", fontsize=7)
         ax.set_yticks(ys)
         ax.set_yticklabels(labels, fontsize=8)
         ax.set_xscale("log")
