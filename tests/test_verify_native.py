@@ -84,7 +84,7 @@ def test_kseq_rho_in_c_equals_the_python_active_set_and_the_exactly_summed_root(
 
 
 def test_spectr_takes_the_same_decisions_with_and_without_the_library(monkeypatch) -> None:
-    from mdv.bench.verifier import synthetic_block
+    from mdv.bench.synthetic import synthetic_block
 
     gen = torch.Generator().manual_seed(2)
     block = synthetic_block(2000, 4, 4, generator=gen, logit_scale=1.5)

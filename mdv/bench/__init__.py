@@ -56,7 +56,8 @@ from mdv.bench.audit import run_audit_bench
 from mdv.bench.runner import run
 from mdv.bench.target_pass import run_target_pass
 from mdv.bench.timing import interleaved, rotated, spread, time_call
-from mdv.bench.verifier import decode_step_times, real_blocks, run_verifier, synthetic_block
+from mdv.bench.synthetic import synthetic_block
+from mdv.bench.verifier import decode_step_times, real_blocks, run_verifier
 
 __all__ = [
     "SCHEMA", "AuditBench", "Benchmark", "BenchConfig", "BlockSource", "E2EBench", "HFCompareBench", "MemoryBench", "OracleBench", "PairKind",

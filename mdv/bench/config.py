@@ -33,7 +33,7 @@ class Benchmark(str, enum.Enum):
 
 
 class BlockSource(str, enum.Enum):
-    """Where the ``verifier`` benchmark's blocks come from: ``synthetic`` (:func:`mdv.bench.verifier.synthetic_block`,
+    """Where the ``verifier`` benchmark's blocks come from: ``synthetic`` (:func:`mdv.bench.synthetic.synthetic_block`,
     one per V, K, L) or ``real`` (drafted by a model pair's draft at dataset prompts and scored by its target)."""
 
     synthetic = "synthetic"

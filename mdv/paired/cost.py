@@ -555,7 +555,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
       (``eagle``) gets the prefill's, and the target records features in every pass but the AR unit's, as
       in the engine;
     * ``verify/m/K/L``: ``VERIFIERS[m]()`` (reset before each call) ``.step`` on the K×L slice of one
-      :func:`mdv.bench.verifier.synthetic_block` over the target's V, after the engine's per-iteration O(K·L)
+      :func:`mdv.bench.synthetic.synthetic_block` over the target's V, after the engine's per-iteration O(K·L)
       checks; single-draft methods at K = 1 only.
 
     ``sampling``: a :class:`~mdv.models.sampling.SamplingConfig` whose law is timed (default T = 1).
@@ -580,7 +580,7 @@ def calibrate(target: Any, draft: Any, *, K_max: int, L_max: int, methods: Seque
     from tqdm.auto import tqdm
 
     from mdv.bench.timing import CacheEvictor, spread, sync_for, time_call
-    from mdv.bench.verifier import synthetic_block
+    from mdv.bench.synthetic import synthetic_block
     from mdv.drafters.model import check_pair
     from mdv.drafters.registry import get_drafter
     from mdv.engine import check_prompt_fits, max_context, score_drafts
