@@ -175,6 +175,10 @@ def test_verifier_benchmark_on_real_blocks(tmp_path) -> None:
     assert blocks["temperature"] == 0.4 and (blocks["K_max"], blocks["L_max"]) == (2, 3)
     _check_spread(blocks["tree_prefixes"], 2)
     assert 3 <= blocks["tree_prefixes"]["min"] <= blocks["tree_prefixes"]["max"] <= 6  # L_max .. K_max L_max
+    cfg.target_step, cfg.methods, cfg.K, cfg.L, cfg.repeats = False, ["sd"], [1], [2], 1
+    rec = bench.run_verifier(cfg, tiny=TINY)  # the pair is loaded for its blocks, its step is not timed
+    assert rec["results"][0]["step_fraction"]["n"] == 0 and rec["summary"]["target_step_ms"]["n"] == 0
+    assert rec["summary"]["target_step_reason"] == "verifier.target_step=false"
 
 
 def test_synthetic_block_is_valid_with_drafted_q_positive() -> None:

@@ -88,7 +88,8 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
                                    "target_noise": cfg.target_noise}
     if real:
         pair_target, draft, tok = load_pair(dev, PairKind(cfg.step_pair), tiny, dtype)
-        target = pair_target if target is None else target
+        if cfg.target_step and target is None:  # the pair's own target is the yardstick
+            target = pair_target
         with torch.inference_mode():
             found, label = real_blocks(pair_target, draft, tok, K=max(cfg.K), L=max(cfg.L), contexts=cfg.real_contexts,
                                        datasets=list(cfg.real_datasets), temperature=cfg.temperature, seed=cfg.seed)
