@@ -292,7 +292,7 @@ def test_real_blocks_are_named_and_one_vocabulary_is_drawn_as_bars(tmp_path) -> 
     md = (tmp_path / "report" / "bench_report.md").read_text()
     assert "`Verifier.sample` on 2 real blocks of the tiny_random pair at T = 0.4" in md
     assert is_png(tmp_path / "report" / "verify_cost_vs_vocab.png")
-    assert f"verifier cost at V={TINY.vocab_size}, K=2, L=2 on 2 real blocks of the tiny_random pair" in stdout
+    assert f"verifier cost at V={TINY.vocab_size}, K=2, L=2 on 2 real blocks of the tiny_random pair at T = 0.4" in stdout
 
 
 def test_newest_record_wins_in_any_folder_order(records_dir, tmp_path) -> None:

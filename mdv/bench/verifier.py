@@ -43,12 +43,13 @@ def real_blocks(target: Any, draft: Any, tokenizer: Any, *, K: int, L: int, cont
 
 
 def _first(block: Any, K: int, L: int, device: torch.device) -> Any:
-    """The first K drafts of ``block`` cut at length L, on ``device`` and contiguous (the verifiers' C paths
-    read whole rows)."""
+    """:func:`~mdv.paired.conditional.sub_block` (the first K drafts cut at length L) on ``device``, contiguous
+    (the verifiers' C paths read whole rows)."""
+    from mdv.paired.conditional import sub_block
     from mdv.verify.base import Block
 
-    return Block(*(x.to(device).contiguous() for x in (block.tokens[:, :K, :L], block.q[:, :K, :L],
-                                                       block.p[:, :K, :L + 1])))
+    cut = sub_block(block, K, L)
+    return Block(*(x.to(device).contiguous() for x in (cut.tokens, cut.q, cut.p)))
 
 
 def decode_step_times(target: Any, context: int, calls: int, sync: Callable[[], None], seed: int = 0) -> list[float]:
@@ -83,23 +84,23 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
     sync = sync_for(dev)
     step_reason = None
     real = BlockSource(cfg.blocks) == BlockSource.real
-    blocks_of: dict[int, list[Any]] = {}  # real blocks: V -> the blocks (one V, the pair's)
+    found: list[Any] = []  # the real blocks (all over the pair's V)
     blocks_info: dict[str, Any] = {"source": "synthetic", "logit_scale": cfg.logit_scale,
                                    "target_noise": cfg.target_noise}
     if real:
+        from mdv.paired.conditional import tree_nodes
+
         pair_target, draft, tok = load_pair(dev, PairKind(cfg.step_pair), tiny, dtype)
         if cfg.target_step and target is None:  # the pair's own target is the yardstick
             target = pair_target
         with torch.inference_mode():
             found, label = real_blocks(pair_target, draft, tok, K=max(cfg.K), L=max(cfg.L), contexts=cfg.real_contexts,
                                        datasets=list(cfg.real_datasets), temperature=cfg.temperature, seed=cfg.seed)
-        blocks_of[found[0].V] = found
         blocks_info = {"source": "real", "pair": PairKind(cfg.step_pair).value, "contexts": len(found), "prompts": label,
                        "temperature": cfg.temperature, "K_max": max(cfg.K), "L_max": max(cfg.L),
                        # how often the drafts agree: distinct draft prefixes of the K_max x L_max tree (K_max L_max when
                        # no two drafts share a token at depth 1)
-                       "tree_prefixes": spread([float(len({tuple(d[:i]) for d in b.tokens[0].tolist()
-                                                           for i in range(1, max(cfg.L) + 1)})) for b in found])}
+                       "tree_prefixes": spread([float(tree_nodes(b.tokens[0], chain=0)[-1, -1]) for b in found])}
         del pair_target, draft
     if cfg.target_step and target is None:
         ok, why = default_target_available()
@@ -112,9 +113,9 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     results: list[dict[str, Any]] = []
     step_all: list[float] = []
-    per_call = cfg.draws * (len(next(iter(blocks_of.values()))) if real else 1)  # sample calls in one timed call
+    per_call = cfg.draws * (len(found) if real else 1)  # sample calls in one timed call
     with torch.inference_mode():
-        for V in (list(blocks_of) if real else cfg.vocab_sizes):
+        for V in ([found[0].V] if real else cfg.vocab_sizes):
             # every (K, L, method) cell of this V: its blocks (one synthetic block, or the real ones cut to K, L)
             cells = []
             for K in cfg.K:
@@ -122,7 +123,7 @@ def run_verifier(cfg: VerifierBench, target: Any = None, tiny: TinyPair | None =
                     methods = [m for m in cfg.methods if VERIFIERS[m].multi_draft or K == 1]
                     if not methods:
                         continue
-                    blocks = ([_first(b, K, L, dev) for b in blocks_of[V]] if real else
+                    blocks = ([_first(b, K, L, dev) for b in found] if real else
                               [synthetic_block(V, K, L, generator=gen, device=dev, logit_scale=cfg.logit_scale,
                                                target_noise=cfg.target_noise)])
                     unis = [Uniforms.draw(1, K, L, gen, device=dev) for _ in range(cfg.draws)]

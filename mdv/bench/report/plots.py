@@ -7,7 +7,8 @@ from typing import Any
 
 from mdv.bench.report.format import _color, fmt, _method_rank, pct
 from mdv.bench.report.load import Record, SPLIT_COLORS, SPLIT_KEYS
-from mdv.bench.report.sections import _e2e_key, _method_k_label, e2e_label, verifier_cell, _verifier_multi, verifier_series
+from mdv.bench.report.sections import (_e2e_key, _method_k_label, e2e_label, verifier_blocks, verifier_cell, _verifier_multi,
+                                       verifier_series)
 
 
 # =============================================================================================== plots
@@ -126,9 +127,7 @@ def _plot_verify_cost_bars(rec: Record, path: Path, k: int, l_: int, note: str, 
     if fr_pts:
         _goal_lines(axes[1], rec)
         axes[1].set_yticklabels([])
-    blocks = rec.summary.get("blocks") or {}
-    where = (f"{blocks.get('contexts', '?')} real blocks of the {blocks.get('pair', '?')} pair, T = {blocks.get('temperature', '?')}"
-             if blocks.get("source") == "real" else "a synthetic block")
+    where = verifier_blocks(rec)
     fig.suptitle(f"verifier cost at V={V}, K={k}, L={l_} on {where} (hatched: single-draft, K=1)"
                  + (f"\n{note}" if note else ""), fontsize=9)
     fig.tight_layout()

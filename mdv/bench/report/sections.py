@@ -43,6 +43,15 @@ def verifier_series(rec: Record, K: int, L: int) -> dict[str, list[dict[str, Any
     return {m: sorted(rows, key=lambda r: r["V"]) for m, rows in sorted(out.items(), key=lambda kv: _method_rank(kv[0]))}
 
 
+def verifier_blocks(rec: Record) -> str:
+    """What a verifier record timed: "synthetic blocks", or "N real blocks of the P pair at T = t"."""
+    blocks = rec.summary.get("blocks") or {}
+    if blocks.get("source") != "real":
+        return "synthetic blocks"
+    return (f"{blocks.get('contexts', '?')} real blocks of the {blocks.get('pair', '?')} pair at T ="
+            f" {blocks.get('temperature', '?')}")
+
+
 def _method_k_label(m: str, multi: set[str], K: int) -> str:
     return f"{m} (K={K})" if m in multi else f"{m} (K=1)"
 
@@ -56,11 +65,10 @@ def section_verifier(rec: Record, K: int, L: int) -> list[str]:
             f" cached tokens: {rng(step)} ms")
     if summ.get("target_step_reason"):
         yard += f" (no step fraction: {summ['target_step_reason']})"
-    blocks = summ.get("blocks") or {"source": "synthetic"}
-    where = (f"{blocks.get('contexts', '?')} real blocks of the {blocks.get('pair', '?')} pair at T ="
-             f" {blocks.get('temperature', '?')} (prompts: {blocks.get('prompts', '?')}; distinct draft prefixes per"
-             f" block of {blocks.get('K_max', '?')} x {blocks.get('L_max', '?')}: {rng(blocks.get('tree_prefixes'))})"
-             if blocks.get("source") == "real" else "synthetic blocks")
+    blocks = summ.get("blocks") or {}
+    where = verifier_blocks(rec) + (
+        f" (prompts: {blocks.get('prompts', '?')}; distinct draft prefixes per block of {blocks.get('K_max', '?')} x"
+        f" {blocks.get('L_max', '?')}: {rng(blocks.get('tree_prefixes'))})" if blocks.get("source") == "real" else "")
     lines = ["## verifier: fast-path cost", "",
              f"`Verifier.sample` on {where} (B = 1), device {env.get('device', '?')}, dtype"
              f" {env.get('dtype', '?')}; yardstick: {yard}. Median [min, max] over {cfg.get('repeats', '?')}"
