@@ -41,7 +41,7 @@ from mdv.verify.select_gbv import SelectGreedyBlockVerification
 from mdv.verify.mpbv import below_mass
 from mdv.verify.selection import (CHOICE_ORDER, CHOICE_TOL, FILL_EPS, FILL_SWEEPS, FORCED_MASS, FORCED_RULE, RULES, advance_survivors, fill_choice,
                                   fill_kernel, SortedMasses, fill_order, fill_rule, kseq_kernel, lex_below, lex_kernel,
-                                  first_kernel, node_step, overlap, reach_mass)
+                                  first_kernel, node_step, overlap, reach_mass, root_survivors)
 from mdv.verify.spectr import RHO_ITERS, kseq_gap, kseq_residual, kseq_rho
 from mdv.theory import random_toy_case, random_toy_dominance
 from tests.conftest import toy_pair
@@ -470,6 +470,95 @@ def test_sample_matches_reference_under_a_target_adjustment() -> None:
                 windows += sum(1 for w in state.windows if w.selection)
                 prompt = prompt + tuple(fast.emitted(block))
     assert windows > 10  # early exits happened and left selection windows
+
+
+def _sparse_blocks(K: int, L: int) -> list:
+    """Blocks over V = 300 whose drafts propose 15-60 tokens per prefix (some targets equal to q, so also 0 off
+    its support; others with mass there): the case scored on the draft's support."""
+    return [consistent_block(100 + seed, 3, K, L, 300, zeros=zeros) for seed, zeros in enumerate((0.8, 0.95))]
+
+
+def _support_runs(block, K: int, L: int, draws: int) -> tuple[list, list]:
+    v = SelectGreedyBlockVerification()
+    gen = torch.Generator().manual_seed(K * 10 + L)
+    outcomes = []
+    for _ in range(draws):
+        u = Uniforms.draw(block.B, K, L, gen)
+        o = v.sample(block, u)
+        outcomes.append((o.tau.tolist(), o.sel.tolist(), o.token.tolist()))
+    return outcomes, v.law(block)
+
+
+@pytest.mark.parametrize("K,L", [(2, 3), (3, 2), (4, 3)])
+def test_scoring_on_the_draft_support_gives_the_same_law_and_draws(K: int, L: int, monkeypatch) -> None:
+    """Where the draft proposes few of the V tokens the rules run on the support's columns and one column off
+    it (:func:`~mdv.verify.selection.draft_support`).  Against the same walk scored on the whole vocabulary:
+    every branch's probability and extra-token law to 1e-13, and the same outcome on the same uniforms
+    (K-SEQ's residual draw included: it is spread back over the tokens)."""
+    import mdv.verify.selection as selection
+
+    scored = []
+    on_vocabulary = selection.NodeLaw.on_vocabulary
+    monkeypatch.setattr(selection.NodeLaw, "on_vocabulary",
+                        lambda self, vocab, V: (scored.append(vocab.numel()), on_vocabulary(self, vocab, V))[1])
+    selection._node_step_memo.cache_clear()
+    runs = [_support_runs(b, K, L, 60) for b in _sparse_blocks(K, L)]
+    assert len(scored) > 10 and max(scored) < 150  # the support's columns were used
+    monkeypatch.setattr(selection, "COMPACT_MIN_V", 10 ** 9)
+    selection._node_step_memo.cache_clear()
+    for block, (outcomes, law) in zip(_sparse_blocks(K, L), runs):
+        outcomes_v, law_v = _support_runs(block, K, L, 60)
+        assert outcomes == outcomes_v
+        for a, b in zip(law, law_v):
+            assert torch.equal(a.sel, b.sel) and torch.equal(a.tau, b.tau)
+            assert float((a.prob - b.prob).abs().max()) < 1e-13
+            assert float((a.next_dist - b.next_dist).abs().max()) < 1e-13
+    selection._node_step_memo.cache_clear()
+
+
+def test_kseq_residual_spread_from_the_support_equals_the_vocabularys() -> None:
+    """K-SEQ's residual off the draft's support is the target there over the residual's mass: spread from the
+    support's columns (:meth:`~mdv.verify.selection.NodeLaw.residual_on_tokens`) it equals the residual
+    computed over the vocabulary, to 1e-15; the selected law q_S is 0 off the support."""
+    rng = np.random.default_rng(8)
+    V = 400
+    for trial in range(6):
+        q = np.zeros(V)
+        support = rng.choice(V, size=int(rng.integers(10, 120)), replace=False)
+        q[support] = rng.dirichlet(np.ones(support.size))
+        p = rng.dirichlet(np.ones(V) * 0.3)
+        p_t, q_t = torch.tensor(p)[None], torch.tensor(q)[None]
+        K = int(rng.integers(2, 5))
+        pi = root_survivors(K, torch.zeros(1))
+        law = node_step(p_t, q_t, torch.tensor([1.0], dtype=f64), pi, "kseq")
+        assert law.vocab is not None and law.vocab.tolist() == sorted(support.tolist())
+        assert float(law.q_sel[0, torch.tensor(q == 0)].abs().max()) == 0.0
+        spread = law.residual_on_tokens(law.kseq(K).res[0], p_t[0])
+        assert torch.allclose(spread, kseq_residual(p_t, q_t, K, kseq_rho(p_t, q_t, K))[0], rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("K,L", [(2, 2), (2, 3), (3, 2)])
+def test_exact_when_every_row_with_a_zero_is_scored_on_the_draft_support(K: int, L: int, monkeypatch) -> None:
+    """The oracle's verdict with the support's columns forced on the toys (V = 3-5, where they are otherwise not
+    used): every row with q = 0 somewhere runs on its support and one column off it, also where the target is 0
+    off the support; the target law of the first L + 2 tokens to TV < 1e-9."""
+    import mdv.verify.selection as selection
+
+    selection._node_step_memo.cache_clear()
+    monkeypatch.setattr(selection, "COMPACT_MIN_V", 1)
+    monkeypatch.setattr(selection, "COMPACT_MAX_SHARE", 1.0)
+    scored = []
+    on_vocabulary = selection.NodeLaw.on_vocabulary
+    monkeypatch.setattr(selection.NodeLaw, "on_vocabulary",
+                        lambda self, vocab, V: (scored.append(V), on_vocabulary(self, vocab, V))[1])
+    try:
+        target, draft = toy_pair(VOCAB[(K, L)], seed=60 + 10 * K + L, zeros=True)
+        law = exact_law("select_gbv", target, draft, K, L, L + 2)
+        tv = total_variation(law, target_law(target, L + 2))
+    finally:
+        selection._node_step_memo.cache_clear()
+    assert scored, "no row was scored on its support"
+    assert tv < 1e-9, f"K={K} L={L}: TV {tv:.3g}"
 
 
 def test_law_is_a_probability_law_and_covers_the_samples() -> None:

@@ -50,8 +50,11 @@ probabilities given the survivors (which are marked is never drawn survivor by s
 survivor counts still possible: one sort of V shared by the three rules, closed-form marginals O(m V) per
 rule and count, up to FILL_SWEEPS passes per count for ``fill``'s marks (they stop at a fixed point), and
 kernel rows only at the drafted tokens; where the survivor law puts almost no mass on two or more survivors
-the rule is forced to ``first`` (the first survivor's token), whose marginal is q itself.  The rows of a prefix are computed
-once and shared by the drafts through it.  Nothing grows with V^L or with draft tuples.  On CPU float64 rows
+the rule is forced to ``first`` (the first survivor's token), whose marginal is q itself.  Where the draft proposes
+at most half the vocabulary (the default pair's subset head: 8,192 of 49,152 tokens) all of it runs on the draft's
+support and one column for the rest (:func:`~mdv.verify.selection.draft_support`: the same law, bit for bit on
+real blocks).  The rows of a prefix are computed once and shared by the drafts through it; the sampler forms GBV's
+extra-token law only at the exit it drew (:meth:`law` forms all L + 1).  Nothing grows with V^L or with draft tuples.  On CPU float64 rows
 all of it runs in C (:mod:`mdv.verify.native`): the loops (the sort, K-SEQ's prefix sums and rho*, ``fill``'s
 sweeps), each rule's factors and marginals added straight into its row, and the choice's scores.  At
 V = 49,152, K = 4, L = 8 this is ~0.85-0.9 target steps on the verifier benchmark's synthetic block (46-50 ms;
@@ -60,9 +63,10 @@ before the forced choice, the sweeps' stop and the cheaper cube root: 123-137 ms
 past depth 2, so from depth 3 on the rule is forced, and the sorts, ``fill`` and K-SEQ's factors at the first
 depths are the largest parts.  With peakier synthetic laws (``verifier.logit_scale=6`` / ``10``), whose drafts
 agree more often as a trained pair's do, it is 1.7-1.8 target steps; on real blocks of the default pair at T = 0.4
-(``verifier.blocks=real``), whose drafts share prefixes, every prefix of the selected draft is scored and it is
-~1.1 target steps (62-64 ms; 1.6-1.7 before the choice skipped the rules that its ceiling rules out,
-:mod:`mdv.verify.selection`; README, *Performance*).
+(``verifier.blocks=real``), whose drafts share prefixes, every prefix of the selected draft is scored; there it
+is ~0.37 target steps on the draft's support (22-23 ms against 69 ms on the whole vocabulary, back to back; 1.6-1.7
+steps before the choice skipped the rules that its ceiling rules out, :mod:`mdv.verify.selection`; README,
+*Performance*).
 """
 from __future__ import annotations
 
@@ -100,7 +104,6 @@ class _Prefix:
     law: NodeLaw | None = None  # node_step's law at u (N = 1)
     q_sel: Tensor | None = None  # [V] q_S(.|u)
     fill_rank: dict[int, Tensor] | None = None  # m -> rank [V] of fill's order
-    lex_scores: list[float] | None = None  # [V] mpbv's ratio scores r(x), read by the lex rule
 
 
 class _Walk:
@@ -121,6 +124,8 @@ class _Walk:
         self.memo: dict[tuple[int, tuple[int, ...]], _Prefix] = {}
         self.shared: dict[tuple, _Prefix] = {}
         self.gbv_memo: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
+        self.h_memo: dict[int, tuple[Tensor, ...]] = {}  # the sampler's: h and the rows along the draft
+        self.extra_memo: dict[tuple[int, int], Tensor] = {}  # the sampler's extra-token laws, by (draft, tau)
 
     def at(self, b: int, k: int, i: int) -> _Prefix:
         """The prefix of length i of draft k of instance b."""
@@ -163,25 +168,45 @@ class _Walk:
 
     # ------------------------------------------------------------------ the selection
     def _kseq_parts(self, node: _Prefix, m: int) -> tuple[Tensor, Tensor]:
-        """(beta [V] per-draft acceptance, the K-SEQ residual [V]) with m >= 2 survivors: the law's own."""
+        """(beta per-draft acceptance, the K-SEQ residual) with m >= 2 survivors: the law's own, on its columns
+        (:class:`~mdv.verify.selection.NodeLaw`: the tokens, or the draft's support and one column off it)."""
         f = node.law.kseq(m)
         return f.beta[0], f.res[0]
 
     def _lex_token(self, node: _Prefix, toks: list[int]) -> int:
-        if node.lex_scores is None:
-            node.lex_scores = ratio_scores(node.p, node.q).tolist()
-        r = node.lex_scores
+        """mpbv's ranking among the survivors' tokens: the largest (r(x), -x), r read at those tokens only."""
+        at = torch.tensor(toks, dtype=torch.long)
+        r = dict(zip(toks, ratio_scores(node.p[at], node.q[at]).tolist()))
         return max(toks, key=lambda x: (r[x], -x))
 
-    def _fill_probs(self, node: _Prefix, toks: list[int]) -> list[tuple[int, float]]:
-        """fill's choice among the survivors' tokens: [(token, probability)] in rank order."""
+    def _fill_probs(self, node: _Prefix, cols: list[int]) -> list[tuple[int, float]]:
+        """fill's choice among the survivors' tokens, given as the law's columns: [(column, probability)] in rank
+        order."""
         if node.fill_rank is None:
             node.fill_rank = {}
-        m = len(toks)
+        m = len(cols)
         f = node.law.fill(m)  # the law's own marks
         if m not in node.fill_rank:
             node.fill_rank[m] = f.rank()[0]
-        return fill_choice(f.theta[0], node.fill_rank[m], toks)
+        return fill_choice(f.theta[0], node.fill_rank[m], cols)
+
+    def _kseq_children(self, node: _Prefix, toks: list[int], cols: list[int], prob: float) -> dict[int, float]:
+        """K-SEQ's choice among the survivors' tokens toks (columns cols), reached with probability prob:
+        {token: probability}."""
+        beta, res = self._kseq_parts(node, len(toks))
+        children: dict[int, float] = {}
+        rest = prob
+        for t, c in zip(toks, cols):
+            a = rest * float(beta[c])
+            children[t] = children.get(t, 0.0) + a
+            rest -= a
+        token_of = dict(zip(cols, toks))  # the support's columns are its tokens, one to one
+        drafted = set(cols)
+        for c in drafted:
+            children[token_of[c]] = children.get(token_of[c], 0.0) + rest * float(res[c])
+        undrafted = 1.0 - sum(float(res[c]) for c in drafted)
+        children[toks[0]] = children.get(toks[0], 0.0) + rest * max(undrafted, 0.0)
+        return children
 
     def select(self, b: int, walk_coins: list[float], draws: list[float]) -> int:
         """The selected draft of instance b: walk_coins = ``uniforms.coins[b, 1]`` and draws = ``uniforms.draws[b]``
@@ -198,24 +223,27 @@ class _Walk:
             elif node.rule == "lex":
                 x = self._lex_token(node, toks)
             elif node.rule == "fill":  # one inverse-CDF draw over the distinct tokens in rank order
+                cols = node.law.column_list(toks)
                 u, cum, choice = walk_coins[i], 0.0, None
-                for t, w in self._fill_probs(node, toks):
+                for c, w in self._fill_probs(node, cols):
                     cum += w
-                    choice = t
+                    choice = c
                     if u < cum:
                         break
-                x = choice
+                x = toks[cols.index(choice)]
             else:
+                cols = node.law.column_list(toks)
                 beta, res = self._kseq_parts(node, len(S))
                 u, cum, rest, x = walk_coins[i], 0.0, 1.0, None
-                for t in toks:
-                    a = rest * float(beta[t])
+                for t, c in zip(toks, cols):
+                    a = rest * float(beta[c])
                     if u < cum + a:
                         x = t
                         break
                     cum, rest = cum + a, rest - a
-                if x is None:
-                    y = int(categorical(res, torch.tensor(draws[i], dtype=torch.float64)))
+                if x is None:  # y over the tokens (in id order, as without the support's columns)
+                    y = int(categorical(node.law.residual_on_tokens(res, node.p),
+                                        torch.tensor(draws[i], dtype=torch.float64)))
                     x = y if y in toks else toks[0]
             S = [s for s, t in zip(S, toks) if t == x]
         return S[0]
@@ -238,19 +266,10 @@ class _Walk:
             elif node.rule == "lex":
                 children[self._lex_token(node, toks)] = prob
             elif node.rule == "fill":
-                children = {t: prob * w for t, w in self._fill_probs(node, toks)}
+                cols = node.law.column_list(toks)
+                children = {toks[cols.index(c)]: prob * w for c, w in self._fill_probs(node, cols)}
             else:
-                beta, res = self._kseq_parts(node, len(S))
-                rest = prob
-                for t in toks:
-                    a = rest * float(beta[t])
-                    children[t] = children.get(t, 0.0) + a
-                    rest -= a
-                drafted = set(toks)
-                for t in drafted:
-                    children[t] = children.get(t, 0.0) + rest * float(res[t])
-                undrafted = 1.0 - sum(float(res[t]) for t in drafted)
-                children[toks[0]] = children.get(toks[0], 0.0) + rest * max(undrafted, 0.0)
+                children = self._kseq_children(node, toks, node.law.column_list(toks), prob)
             for t, w in children.items():
                 walk([s for s, x in zip(S, toks) if x == t], i + 1, w)
 
@@ -276,6 +295,25 @@ class _Walk:
             residuals = greedy_residual(safe_ratio(log_p[:-1], log_q[:-1]), p_rows[:-1], q_rows)  # [L, V]
             self.gbv_memo[key] = (h, torch.cat([residuals, p_rows[-1:]], 0), last_accepted_law(h))
         return self.gbv_memo[key]
+
+    def gbv_h(self, b: int, sel: int) -> Tensor:
+        """GBV's h [L] along draft sel (the sampler's: :meth:`gbv` also forms every extra-token law), once per
+        distinct draft."""
+        key = id(self.at(b, sel, self.L))
+        if key not in self.h_memo:
+            log_p, log_q, p_rows, q_rows = self.along(b, sel)
+            self.h_memo[key] = (greedy_block_h(log_p, log_q, p_rows[:-1], q_rows), log_p, log_q, p_rows, q_rows)
+        return self.h_memo[key][0]
+
+    def extra_law(self, b: int, sel: int, tau: int) -> Tensor:
+        """The extra token's law [V] after GBV accepts tau tokens of draft sel (after :meth:`gbv_h`): the residual
+        at tau < L, the bonus row at L -- :meth:`gbv`'s row tau, formed alone (a call needs one of L + 1)."""
+        key = id(self.at(b, sel, self.L))
+        if (key, tau) not in self.extra_memo:
+            _, log_p, log_q, p_rows, q_rows = self.h_memo[key]
+            self.extra_memo[key, tau] = p_rows[-1] if tau == self.L else greedy_residual(
+                safe_ratio(log_p[tau], log_q[tau]), p_rows[tau], q_rows[tau])
+        return self.extra_memo[key, tau]
 
 
 @register_verifier
@@ -341,16 +379,10 @@ class SelectGreedyBlockVerification(AdjustedTargetState, Verifier):
         B, L = block.B, block.L
         # the walk's coins are uniforms.coins[:, 1] (at K = 1 there is no such row, and the walk reads no coin)
         walk_coins, draws = uniforms.coins[:, min(1, block.K - 1)].tolist(), uniforms.draws.tolist()
-        sels, hs, dists = [], [], []
-        for b in range(B):
-            sel = walk.select(b, walk_coins[b], draws[b])
-            h, d, _ = walk.gbv(b, sel)  # GBV along the selected draft, once per distinct draft
-            sels.append(sel)
-            hs.append(h)
-            dists.append(d)
-        # GBV's exit and the extra token, for all instances at once (row by row the same sums)
-        tau = last_accepted(torch.stack(hs), uniforms.coins[:, 0])  # [B]
-        dist = torch.stack(dists)[torch.arange(B), tau]  # [B, V]
+        sels = [walk.select(b, walk_coins[b], draws[b]) for b in range(B)]
+        # GBV along the selected drafts: the exits for all instances at once, then the extra token's law at each
+        tau = last_accepted(torch.stack([walk.gbv_h(b, sel) for b, sel in enumerate(sels)]), uniforms.coins[:, 0])  # [B]
+        dist = torch.stack([walk.extra_law(b, sel, t) for b, (sel, t) in enumerate(zip(sels, tau.tolist()))])  # [B, V]
         draw = uniforms.draws[:, L] if block.K > 1 else uniforms.draws.gather(1, tau.unsqueeze(1)).squeeze(1)
         return Outcome(tau, torch.tensor(sels, dtype=torch.long), categorical(dist, draw))
 

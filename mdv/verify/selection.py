@@ -84,7 +84,13 @@ root has pi = e_K.  Everything is a function of the prefix, so it is available o
 Cost per prefix (:func:`node_step`, :class:`NodeLaw`).  The walk reads the full row q_S(.|u) but the kernel
 T_m(x, .) only at the tokens it follows, so q_S comes from each rule's closed-form marginal ``sum_j T_m(x, j)``
 (:func:`lex_marginal`, :func:`kseq_marginal`, :func:`fill_marginal`: O(m V) per survivor count m) and the
-kernel rows from the same factors at one token (:meth:`NodeLaw.rows`).  One sort of V serves the three rules:
+kernel rows from the same factors at one token (:meth:`NodeLaw.rows`).  Every rule chooses a survivor's
+token, so a token the draft never proposes (q(x|u) = 0 in every row) has no selected mass and moves no other
+token's factors (zero q-mass in every sum; the target's mass on those tokens enters K-SEQ only as a total, P_0 of
+:class:`SortedMasses`).  Where the draft's support is at most COMPACT_MAX_SHARE of V (a vocabulary-subset head,
+prompt lookup, top-k), the rules run on the support's columns and one more column that carries the target's
+mass off the support with q = 0 (:func:`draft_support`); only q_S is written back to the vocabulary.  The
+default pair's draft proposes 8,192 of 49,152 tokens.  One sort of V serves the three rules:
 ``fill``'s rank order, K-SEQ's rho* (prefix sums in that order, :class:`SortedMasses`) and, above MEMO_MAX_V,
 ``lex``'s c(x) (:func:`lex_below`); ``fill`` adds up to FILL_SWEEPS passes per survivor count for its marks
 (in C they stop where a sweep would repeat the last one: a fixed point, the same bits).  On CPU
@@ -597,6 +603,11 @@ def fill_choice(theta: Tensor, rank: Tensor, toks: list[int]) -> list[tuple[int,
 #: with every rule's factors filled, so the memo's 2^14 entries hold ~80 MB on the toys, ~0.5 GB at most.
 MEMO_MAX_V = 64
 
+#: A prefix's rows are scored on the draft's support (module docstring, *Cost*) when it covers at most this share
+#: of the vocabulary, from COMPACT_MIN_V tokens on (below it a row is small whatever its support).
+COMPACT_MAX_SHARE = 0.5
+COMPACT_MIN_V = MEMO_MAX_V + 1
+
 
 class NodeLaw:
     """The selected law at N prefixes u, as :func:`node_step` leaves it.
@@ -604,7 +615,11 @@ class NodeLaw:
     ``rule`` [N] (index in RULES), ``q_sel`` [N, V] = q_S(.|u) (closed-form marginals: the walk reads the
     full row), and on demand the kernel rows ``sum_m pi(m) T_m(x, .)`` [N, K+1] at one token per prefix
     (:meth:`rows`: pi_{u·x} is needed only at tokens the walk follows) and the per-count factors of a rule
-    (:meth:`kseq`, :meth:`fill`: the sampler's beta, residual and marks are the law's own)."""
+    (:meth:`kseq`, :meth:`fill`: the sampler's beta, residual and marks are the law's own).
+
+    Scored on the draft's support (:func:`draft_support`), the rows, factors and ``rule`` live on *columns*: the
+    support's tokens in increasing id, then one column for the rest of the vocabulary (``vocab`` [S] the
+    support's ids); ``q_sel`` and :meth:`rows` take token ids, the factors take :meth:`columns`."""
 
     def __init__(self, p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, order: Tensor | None,
                  below: Tensor | None) -> None:
@@ -618,6 +633,41 @@ class NodeLaw:
         self._table: Tensor | None = None
         self._masses: SortedMasses | None = None
         self._ranked: tuple[Tensor, Tensor] | None = None  # fill_ranked
+        self.vocab: Tensor | None = None  # [S]: the support's token ids, when scored on it (None: columns = tokens)
+
+    def on_vocabulary(self, vocab: Tensor, V: int) -> None:
+        """Scored on the columns of the support ``vocab`` [S] (+ the column off it): ``q_sel`` back on the V tokens."""
+        S = vocab.numel()
+        self.vocab = vocab
+        full = self.q_sel.new_zeros(self.q_sel.shape[0], V)
+        full[:, vocab] = self.q_sel[:, :S]  # the last column's q_S is 0: its q is
+        self.q_sel = full
+
+    def residual_on_tokens(self, res: Tensor, p: Tensor) -> Tensor:
+        """K-SEQ's residual of one prefix, res [V'] on the law's columns, on the V tokens: off the support q = 0, so
+        the residual there is proportional to the target p [V] (the prefix's row), and the last column holds its
+        total.  The sampler's inverse-CDF draw then runs over the tokens in id order, as it does unscored on the
+        support.  The row itself when the columns are the tokens."""
+        if self.vocab is None:
+            return res
+        S = self.vocab.numel()
+        p_off, res_off = float(self.p[0, S]), float(res[S])
+        full = p * (res_off / p_off) if p_off > 0.0 else torch.zeros_like(p)
+        full[self.vocab] = res[:S]
+        return full
+
+    def columns(self, tok: Tensor) -> Tensor:
+        """The columns of the token ids tok (any shape): the ids themselves unless scored on the support, else
+        a binary search in it (no map over V), the last column for a token off it."""
+        if self.vocab is None:
+            return tok
+        S = self.vocab.numel()
+        at = torch.searchsorted(self.vocab, tok.contiguous()).clamp_max(S - 1)
+        return torch.where(self.vocab[at] == tok, at, torch.full_like(at, S))
+
+    def column_list(self, toks: list[int]) -> list[int]:
+        """:meth:`columns` of a list of token ids (the walk's survivors), as a list."""
+        return toks if self.vocab is None else self.columns(torch.tensor(toks, dtype=torch.long)).tolist()
 
     def kseq(self, m: int) -> KseqFactors:
         if ("kseq", m) not in self._factors:
@@ -706,7 +756,9 @@ class NodeLaw:
         return out
 
     def rows(self, tok: Tensor) -> Tensor:
-        """tok [N] -> [N, K+1]: ``sum_m pi(m) T_m(tok, .)``; at V <= MEMO_MAX_V from a table of every token."""
+        """tok [N] (token ids) -> [N, K+1]: ``sum_m pi(m) T_m(tok, .)``; at V <= MEMO_MAX_V columns from a table
+        of every column."""
+        tok = self.columns(tok)
         V = self.q.shape[-1]
         if V <= MEMO_MAX_V:
             if self._table is None:
@@ -735,7 +787,32 @@ def _node_step_memo(p: bytes, q: bytes, ratio: float, pi: bytes, mode: str) -> N
     return _node_step(rows[0], rows[1], torch.tensor([ratio], dtype=torch.float64), rows[2], mode)
 
 
+def draft_support(q: Tensor) -> Tensor | None:
+    """The token ids [S] that some row of q [N, V] proposes (q > 0), increasing, where scoring on them pays: V >=
+    COMPACT_MIN_V and S + 1 <= COMPACT_MAX_SHARE * V; else None."""
+    V = q.shape[-1]
+    if V < COMPACT_MIN_V:
+        return None
+    vocab = (q[0] if q.shape[0] == 1 else (q > 0).any(0)).nonzero().squeeze(-1)  # q >= 0: nonzero is q > 0
+    return vocab if 0 < vocab.numel() and vocab.numel() + 1 <= COMPACT_MAX_SHARE * V else None
+
+
 def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
+    """:func:`node_step`, on the draft's support where it is small (module docstring, *Cost*): the support's
+    columns and one column with the target's mass off it and q = 0.  Every rule treats a token with q = 0 in
+    every row alike, and such a token adds nothing to another's factors, so the columns give the same law."""
+    vocab = draft_support(q)
+    if vocab is None:
+        return _score_prefix(p, q, ratio, pi, mode)
+    off = (q == 0).all(0)  # [V]: off the support in every row
+    p_off = (p * off).sum(-1, keepdim=True)  # [N, 1]: a sum of the target's entries there, no cancellation
+    law = _score_prefix(torch.cat([p[:, vocab], p_off], -1), torch.cat([q[:, vocab], torch.zeros_like(p_off)], -1),
+                        ratio, pi, mode)
+    law.on_vocabulary(vocab, q.shape[-1])
+    return law
+
+
+def _score_prefix(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
     rules = CHOICE_ORDER if mode == "choose" else (mode,)
     forced = pi[:, 2:].sum(-1) <= FORCED_MASS  # [N]: per row, so a row's rule does not depend on its batch
     if mode == "choose" and bool(forced.all()):
@@ -812,7 +889,7 @@ def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
     return law.q_sel.gather(-1, tok.view(-1, 1)).squeeze(-1), pi
 
 
-__all__ = ["RULES", "MODES", "CHOICE_ORDER", "FORCED_RULE", "CHOICE_TOL", "CEILING_SLACK", "FORCED_MASS", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "NodeLaw", "KseqFactors", "SortedMasses", "first_kernel",
+__all__ = ["RULES", "MODES", "CHOICE_ORDER", "FORCED_RULE", "CHOICE_TOL", "CEILING_SLACK", "FORCED_MASS", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "COMPACT_MAX_SHARE", "COMPACT_MIN_V", "NodeLaw", "KseqFactors", "SortedMasses", "first_kernel",
            "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "lex_below_torch", "kseq_kernel", "kseq_factors", "kseq_marginal",
            "kseq_factors_torch", "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_law", "fill_ranked", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
-           "reach_mass", "choice_ceiling", "overlap", "node_step", "root_survivors", "advance_survivors"]
+           "reach_mass", "choice_ceiling", "overlap", "node_step", "draft_support", "root_survivors", "advance_survivors"]
