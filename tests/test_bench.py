@@ -711,6 +711,18 @@ def test_prompt_ids_cycle_and_label(tiny_pair) -> None:
     assert all(isinstance(t, int) for t in ids[3])
 
 
+def test_prompt_ids_label_counts_the_prompts_used(tiny_pair) -> None:
+    """8 prompts over five datasets, round robin: the label counts what is used (2, 2, 2, 1, 1), not the
+    2 loaded per dataset; 12 over two datasets, 6 each."""
+    tok = tiny_pair[2]
+    ids, label = bench.prompt_ids(tok, ["gsm8k", "humaneval", "mgsm", "lm1b", "alpaca"], 8)
+    assert len(ids) == 8
+    counts = [int(part.rsplit(", ", 1)[1].rstrip(")")) for part in label.split("), ")]
+    assert counts == [2, 2, 2, 1, 1], label
+    ids, label = bench.prompt_ids(tok, ["gsm8k", "humaneval"], 12)
+    assert [int(part.rsplit(", ", 1)[1].rstrip(")")) for part in label.split("), ")] == [6, 6], label
+
+
 # ------------------------------------------------------------------------------------------ entry point
 def _run_entry(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}

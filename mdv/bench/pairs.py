@@ -136,7 +136,8 @@ def target_for(name: str, cfg: Any, target: Any, tiny: TinyPair | None, device: 
 
 def prompt_ids(tokenizer: Any, datasets: Sequence[str], n: int, seed: int = 0) -> tuple[list[list[int]], str]:
     """``n`` prompts as token ids, cycling over ``datasets`` (mdv.data), or the fixed list when none is
-    given or mdv.data cannot load one.  -> (ids, a label saying where they came from)."""
+    given or mdv.data cannot load one.  -> (ids, a label saying where they came from: each dataset with the
+    number of its prompts among the n)."""
     out: list[list[int]] = []
     label = ""
     if datasets:
@@ -145,10 +146,17 @@ def prompt_ids(tokenizer: Any, datasets: Sequence[str], n: int, seed: int = 0) -
 
             per = max(1, math.ceil(n / len(datasets)))
             sets = [load_prompts(name, n=per, seed=seed) for name in datasets]
-            label = ", ".join(f"{s.name} ({s.source}, {len(s.prompts)})" for s in sets)
+            origin: list[int] = []  # the dataset of each prompt in out
             longest = max(len(s.prompts) for s in sets)
             for j in range(longest):  # round robin over the datasets
-                out += [format_prompt(s.prompts[j], tokenizer) for s in sets if j < len(s.prompts)]
+                for k, s in enumerate(sets):
+                    if j < len(s.prompts):
+                        out.append(format_prompt(s.prompts[j], tokenizer))
+                        origin.append(k)
+            used = [0] * len(sets)
+            for i in range(n if out else 0):  # the n returned below, cycling where fewer were loaded
+                used[origin[i % len(out)]] += 1
+            label = ", ".join(f"{s.name} ({s.source}, {u})" for s, u in zip(sets, used))
         except Exception as e:  # mdv.data missing, or a dataset unavailable offline
             out, label = [], f"fixed list (mdv.data failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
     if not out:
