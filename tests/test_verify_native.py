@@ -351,6 +351,58 @@ def test_node_step_gives_a_prefix_the_same_law_alone_or_in_a_batch(V: int) -> No
     assert len(set(node_step(p, q, ratio, pi, "choose").rule.tolist())) > 1  # the batch mixes rules
 
 
+def _sparse_rows(rng: np.random.Generator, V: int) -> tuple[Tensor, Tensor]:
+    """Four rows over V tokens: three drafts with supports of different sizes (one with a target that is 0 off
+    it), one dense draft."""
+    p = torch.tensor(rng.dirichlet(np.ones(V) * 0.5, size=4))
+    q = torch.zeros(4, V, dtype=torch.float64)
+    for n, size in enumerate((V // 10, V // 4, V // 3)):
+        support = rng.choice(V, size=size, replace=False)
+        q[n, support] = torch.tensor(rng.dirichlet(np.ones(size)))
+    q[3] = torch.tensor(rng.dirichlet(np.ones(V)))
+    p[2] = torch.where(q[2] > 0, p[2], torch.zeros_like(p[2]))
+    return p / p.sum(-1, keepdim=True), q
+
+
+@pytest.mark.parametrize("V", (300, 5000, 49152))
+def test_support_columns_in_c_equal_the_torch_ones(V: int, monkeypatch) -> None:
+    """The draft's support in one pass of C against torch: the same ids and columns, the mass off the support
+    to 1e-15 (long double against torch's sum); None where the support is more than COMPACT_MAX_SHARE of V."""
+    rng = np.random.default_rng(830 + V)
+    p, q = _sparse_rows(rng, V)
+    got = [selection.support_columns(p[n:n + 1], q[n:n + 1]) for n in range(4)]
+    monkeypatch.setattr(selection, "native_rows", lambda *rows: None)
+    want = [selection.support_columns(p[n:n + 1], q[n:n + 1]) for n in range(4)]
+    assert got[3] is None and want[3] is None  # the dense draft
+    for n in range(3):
+        (vocab, p_cols, q_cols), (vocab_t, p_cols_t, q_cols_t) = got[n], want[n]
+        assert torch.equal(vocab, vocab_t) and torch.equal(vocab, (q[n] > 0).nonzero().squeeze(-1))
+        assert torch.equal(q_cols, q_cols_t) and torch.equal(p_cols[:, :-1], p_cols_t[:, :-1])
+        assert abs(float(p_cols[0, -1] - p_cols_t[0, -1])) <= 1e-15 and float(q_cols[0, -1]) == 0.0
+    assert float(got[2][1][0, -1]) == 0.0  # no target mass off that support
+
+
+@pytest.mark.parametrize("V", (300, 5000))
+def test_node_step_on_draft_supports_gives_a_prefix_the_same_law_alone_or_in_a_batch(V: int) -> None:
+    """:func:`test_node_step_gives_a_prefix_the_same_law_alone_or_in_a_batch` where three of the four rows are
+    scored on their draft's support (each its own) and one on the vocabulary."""
+    rng = np.random.default_rng(860 + V)
+    p, q = _sparse_rows(rng, V)
+    ratio = torch.tensor(rng.uniform(0.3, 3.0, size=4))
+    pi = torch.tensor(rng.dirichlet(np.ones(5), size=4))
+    tok = q.argmax(-1)
+    for mode in selection.MODES:
+        batch = node_step(p, q, ratio, pi, mode)
+        assert isinstance(batch, selection.StackedLaws)  # its rows stepped one at a time
+        rows = batch.rows(tok)
+        for n in range(4):
+            alone = node_step(p[n:n + 1], q[n:n + 1], ratio[n:n + 1], pi[n:n + 1], mode)
+            assert (alone.vocab is None) == (n == 3)
+            assert torch.equal(alone.rule, batch.rule[n:n + 1]), (mode, n)
+            assert torch.equal(alone.q_sel, batch.q_sel[n:n + 1]), (mode, n)
+            assert torch.equal(alone.rows(tok[n:n + 1]), rows[n:n + 1]), (mode, n)
+
+
 # ------------------------------------------------------------------------------------------ without the library
 def test_no_compiler_or_a_failing_one_leaves_the_torch_code(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("MDV_CACHE", str(tmp_path))

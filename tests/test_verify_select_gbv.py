@@ -492,7 +492,7 @@ def _support_runs(block, K: int, L: int, draws: int) -> tuple[list, list]:
 @pytest.mark.parametrize("K,L", [(2, 3), (3, 2), (4, 3)])
 def test_scoring_on_the_draft_support_gives_the_same_law_and_draws(K: int, L: int, monkeypatch) -> None:
     """Where the draft proposes few of the V tokens the rules run on the support's columns and one column off
-    it (:func:`~mdv.verify.selection.draft_support`).  Against the same walk scored on the whole vocabulary:
+    it (:func:`~mdv.verify.selection.support_columns`).  Against the same walk scored on the whole vocabulary:
     every branch's probability and extra-token law to 1e-13, and the same outcome on the same uniforms
     (K-SEQ's residual draw included: it is spread back over the tokens)."""
     import mdv.verify.selection as selection

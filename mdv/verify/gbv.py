@@ -52,8 +52,14 @@ def greedy_block_h(log_p: Tensor, log_q: Tensor, target: Tensor, q: Tensor) -> T
     Returns h: [..., L].
     """
     r = safe_ratio(log_p, log_q)  # [..., L+1] r(u) = P(u)/Q(u)
+    s = torch.minimum(r[..., 1:-1].unsqueeze(-1) * target[..., 1:, :], q[..., 1:, :]).sum(-1)  # s(u)/Q(u)
+    return greedy_h_of(r, s)
+
+
+def greedy_h_of(r: Tensor, s: Tensor) -> Tensor:
+    """:func:`greedy_block_h` from its two inputs: r [..., L+1] = P(u)/Q(u) along the draft and s [..., L-1] =
+    s(u)/Q(u) at its prefixes of length 1..L-1 (for a caller that sums s(u) its own way).  Returns h: [..., L]."""
     mid = r[..., 1:-1]  # u of length 1..L-1
-    s = torch.minimum(mid.unsqueeze(-1) * target[..., 1:, :], q[..., 1:, :]).sum(-1)  # s(u)/Q(u)
     num = mid.clamp_max(1.0) - s
     den = 1.0 - s
     h_mid = torch.where(den <= TOL, torch.ones_like(den),

@@ -101,6 +101,8 @@ def loops_library() -> ctypes.CDLL | None:
     lib.sel_overlap.restype = None
     lib.sel_ceiling.argtypes = [_c_long, _c_long, _c_int] + [_ptr] * 4
     lib.sel_ceiling.restype = None
+    lib.sel_support.argtypes = [_c_long, _ptr, _ptr, _c_long, _ptr, _ptr, _ptr]
+    lib.sel_support.restype = _c_long
     return lib
 
 
@@ -258,5 +260,20 @@ def ceiling(lib: ctypes.CDLL, target: Tensor, q: Tensor, pi: Tensor) -> Tensor:
     return out
 
 
+def support(lib: ctypes.CDLL, p: Tensor, q: Tensor, max_cols: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    """One row's draft support in one pass: (vocab [S] int64, p and q on its columns and one more column with the
+    target's mass off it [1, S + 1]), or None where more than max_cols tokens have q > 0.  p, q: CPU float64 [V]
+    or [1, V]."""
+    p, q = p.reshape(-1).contiguous(), q.reshape(-1).contiguous()
+    cap = min(max_cols, q.shape[0])
+    vocab = torch.empty(cap, dtype=torch.int64)
+    p_cols, q_cols = torch.empty(cap + 1, dtype=torch.float64), torch.empty(cap + 1, dtype=torch.float64)
+    S = int(lib.sel_support(q.shape[0], p.data_ptr(), q.data_ptr(), cap, vocab.data_ptr(), p_cols.data_ptr(),
+                            q_cols.data_ptr()))
+    if S < 0:
+        return None
+    return vocab[:S], p_cols[:S + 1].unsqueeze(0), q_cols[:S + 1].unsqueeze(0)
+
+
 __all__ = ["loops_library", "native_rows", "kseq_rho_active", "rank_order", "fill_marks", "lex_below", "sorted_masses", "kseq_rho",
-           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "overlap", "ceiling"]
+           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "overlap", "ceiling", "support"]

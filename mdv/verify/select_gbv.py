@@ -52,20 +52,22 @@ rule and count, up to FILL_SWEEPS passes per count for ``fill``'s marks (they st
 kernel rows only at the drafted tokens; where the survivor law puts almost no mass on two or more survivors
 the rule is forced to ``first`` (the first survivor's token), whose marginal is q itself.  Where the draft proposes
 at most half the vocabulary (the default pair's subset head: 8,192 of 49,152 tokens) all of it runs on the draft's
-support and one column for the rest (:func:`~mdv.verify.selection.draft_support`: the same law, bit for bit on
-real blocks).  The rows of a prefix are computed once and shared by the drafts through it; the sampler forms GBV's
-extra-token law only at the exit it drew (:meth:`law` forms all L + 1).  Nothing grows with V^L or with draft tuples.  On CPU float64 rows
+support and one column for the rest (:func:`~mdv.verify.selection.support_columns`: the same law, to 4e-16 on real
+blocks).  The rows of a prefix are computed once and shared by the drafts through it; GBV's s(u) is summed on each
+prefix's columns, and the sampler forms GBV's extra-token law only at the exit it drew (:meth:`law` forms all
+L + 1).  Nothing grows with V^L or with draft tuples.  On CPU float64 rows
 all of it runs in C (:mod:`mdv.verify.native`): the loops (the sort, K-SEQ's prefix sums and rho*, ``fill``'s
 sweeps), each rule's factors and marginals added straight into its row, and the choice's scores.  At
-V = 49,152, K = 4, L = 8 this is ~0.85-0.9 target steps on the verifier benchmark's synthetic block (46-50 ms;
+V = 49,152, K = 4, L = 8 this is ~0.55 target steps on the verifier benchmark's synthetic block (31-33 ms; 46-50 ms
+before GBV ran per prefix and only at the drawn exit;
 back to back with the lexicographic rule on forced prefixes: 58-60 ms; with K-SEQ there and on ties: 74-76 ms;
 before the forced choice, the sweeps' stop and the cheaper cube root: 123-137 ms): its drafts rarely agree
 past depth 2, so from depth 3 on the rule is forced, and the sorts, ``fill`` and K-SEQ's factors at the first
 depths are the largest parts.  With peakier synthetic laws (``verifier.logit_scale=6`` / ``10``), whose drafts
 agree more often as a trained pair's do, it is 1.7-1.8 target steps; on real blocks of the default pair at T = 0.4
 (``verifier.blocks=real``), whose drafts share prefixes, every prefix of the selected draft is scored; there it
-is ~0.37 target steps on the draft's support (22-23 ms against 69 ms on the whole vocabulary, back to back; 1.6-1.7
-steps before the choice skipped the rules that its ceiling rules out, :mod:`mdv.verify.selection`; README,
+is ~0.27-0.30 target steps on the draft's support (16-18 ms against 64-65 ms on the whole vocabulary, back to back;
+1.6-1.7 steps before the choice skipped the rules that its ceiling rules out, :mod:`mdv.verify.selection`; README,
 *Performance*).
 """
 from __future__ import annotations
@@ -82,7 +84,7 @@ from mdv.errors import InvalidInputError
 from mdv.verify._math import categorical, last_accepted, last_accepted_law, safe_ratio
 from mdv.verify.adjust import AdjustedTargetState, advance_state
 from mdv.verify.base import Block, Branch, Outcome, Uniforms, Verifier
-from mdv.verify.gbv import GreedyBlockVerification, greedy_block_h, greedy_residual
+from mdv.verify.gbv import GreedyBlockVerification, greedy_h_of, greedy_residual
 from mdv.verify.mpbv import ratio_scores
 from mdv.verify.registry import register_verifier
 from mdv.verify.selection import (CHOICE_ORDER, CHOICE_TOL, FILL_EPS, FILL_SWEEPS, FORCED_MASS, FORCED_RULE, MODES,
@@ -124,7 +126,7 @@ class _Walk:
         self.memo: dict[tuple[int, tuple[int, ...]], _Prefix] = {}
         self.shared: dict[tuple, _Prefix] = {}
         self.gbv_memo: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
-        self.h_memo: dict[int, tuple[Tensor, ...]] = {}  # the sampler's: h and the rows along the draft
+        self.h_memo: dict[int, tuple[Tensor, Tensor, list[_Prefix]]] = {}  # h, P(u)/Q_S(u) and the nodes along a draft
         self.extra_memo: dict[tuple[int, int], Tensor] = {}  # the sampler's extra-token laws, by (draft, tau)
 
     def at(self, b: int, k: int, i: int) -> _Prefix:
@@ -290,19 +292,24 @@ class _Walk:
         per distinct draft."""
         key = id(self.at(b, sel, self.L))  # the full block's node: shared by instances with equal rows
         if key not in self.gbv_memo:
+            h = self.gbv_h(b, sel)
             log_p, log_q, p_rows, q_rows = self.along(b, sel)
-            h = greedy_block_h(log_p, log_q, p_rows[:-1], q_rows)
             residuals = greedy_residual(safe_ratio(log_p[:-1], log_q[:-1]), p_rows[:-1], q_rows)  # [L, V]
             self.gbv_memo[key] = (h, torch.cat([residuals, p_rows[-1:]], 0), last_accepted_law(h))
         return self.gbv_memo[key]
 
     def gbv_h(self, b: int, sel: int) -> Tensor:
-        """GBV's h [L] along draft sel (the sampler's: :meth:`gbv` also forms every extra-token law), once per
-        distinct draft."""
+        """GBV's h [L] along draft sel, once per distinct draft: :func:`~mdv.verify.gbv.greedy_block_h` with each
+        s(u) summed on its prefix's columns (:meth:`~mdv.verify.selection.NodeLaw.overlap_on_columns`: the
+        draft's support where the law was scored on it), not over [L, V] stacked rows."""
         key = id(self.at(b, sel, self.L))
         if key not in self.h_memo:
-            log_p, log_q, p_rows, q_rows = self.along(b, sel)
-            self.h_memo[key] = (greedy_block_h(log_p, log_q, p_rows[:-1], q_rows), log_p, log_q, p_rows, q_rows)
+            nodes = [self.at(b, sel, i) for i in range(self.L + 1)]
+            r = safe_ratio(torch.tensor([n.log_p for n in nodes], dtype=torch.float64),
+                           torch.tensor([n.log_q for n in nodes], dtype=torch.float64))  # [L+1] P(u)/Q_S(u)
+            s = torch.cat([nodes[i].law.overlap_on_columns(r[i]) for i in range(1, self.L)]) if self.L > 1 \
+                else r.new_zeros(0)  # [L-1]
+            self.h_memo[key] = (greedy_h_of(r, s), r, nodes)
         return self.h_memo[key][0]
 
     def extra_law(self, b: int, sel: int, tau: int) -> Tensor:
@@ -310,9 +317,9 @@ class _Walk:
         at tau < L, the bonus row at L -- :meth:`gbv`'s row tau, formed alone (a call needs one of L + 1)."""
         key = id(self.at(b, sel, self.L))
         if (key, tau) not in self.extra_memo:
-            _, log_p, log_q, p_rows, q_rows = self.h_memo[key]
-            self.extra_memo[key, tau] = p_rows[-1] if tau == self.L else greedy_residual(
-                safe_ratio(log_p[tau], log_q[tau]), p_rows[tau], q_rows[tau])
+            _, r, nodes = self.h_memo[key]
+            self.extra_memo[key, tau] = nodes[tau].p if tau == self.L else greedy_residual(
+                r[tau], nodes[tau].p, nodes[tau].q_sel)
         return self.extra_memo[key, tau]
 
 

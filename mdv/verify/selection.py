@@ -89,7 +89,7 @@ token, so a token the draft never proposes (q(x|u) = 0 in every row) has no sele
 token's factors (zero q-mass in every sum; the target's mass on those tokens enters K-SEQ only as a total, P_0 of
 :class:`SortedMasses`).  Where the draft's support is at most COMPACT_MAX_SHARE of V (a vocabulary-subset head,
 prompt lookup, top-k), the rules run on the support's columns and one more column that carries the target's
-mass off the support with q = 0 (:func:`draft_support`); only q_S is written back to the vocabulary.  The
+mass off the support with q = 0 (:func:`support_columns`); only q_S is written back to the vocabulary.  The
 default pair's draft proposes 8,192 of 49,152 tokens.  One sort of V serves the three rules:
 ``fill``'s rank order, K-SEQ's rho* (prefix sums in that order, :class:`SortedMasses`) and, above MEMO_MAX_V,
 ``lex``'s c(x) (:func:`lex_below`); ``fill`` adds up to FILL_SWEEPS passes per survivor count for its marks
@@ -124,6 +124,7 @@ from mdv.verify.native import lex_marginal_add as native_lex_marginal_add
 from mdv.verify.native import native_rows, rank_order
 from mdv.verify.native import overlap as native_overlap
 from mdv.verify.native import sorted_masses as native_sorted_masses
+from mdv.verify.native import support as native_support
 from mdv.verify.spectr import RHO_ITERS, kseq_accept_prob, kseq_residual, kseq_rho
 
 #: The token rules a prefix can use, and the walk modes of ``select_gbv``.
@@ -617,7 +618,7 @@ class NodeLaw:
     (:meth:`rows`: pi_{u·x} is needed only at tokens the walk follows) and the per-count factors of a rule
     (:meth:`kseq`, :meth:`fill`: the sampler's beta, residual and marks are the law's own).
 
-    Scored on the draft's support (:func:`draft_support`), the rows, factors and ``rule`` live on *columns*: the
+    Scored on the draft's support (:func:`support_columns`), the rows, factors and ``rule`` live on *columns*: the
     support's tokens in increasing id, then one column for the rest of the vocabulary (``vocab`` [S] the
     support's ids); ``q_sel`` and :meth:`rows` take token ids, the factors take :meth:`columns`."""
 
@@ -634,14 +635,21 @@ class NodeLaw:
         self._masses: SortedMasses | None = None
         self._ranked: tuple[Tensor, Tensor] | None = None  # fill_ranked
         self.vocab: Tensor | None = None  # [S]: the support's token ids, when scored on it (None: columns = tokens)
+        self._q_cols: Tensor | None = None  # [N, S+1]: q_S on the columns, when scored on the support
 
     def on_vocabulary(self, vocab: Tensor, V: int) -> None:
         """Scored on the columns of the support ``vocab`` [S] (+ the column off it): ``q_sel`` back on the V tokens."""
         S = vocab.numel()
-        self.vocab = vocab
+        self.vocab, self._q_cols = vocab, self.q_sel
         full = self.q_sel.new_zeros(self.q_sel.shape[0], V)
         full[:, vocab] = self.q_sel[:, :S]  # the last column's q_S is 0: its q is
         self.q_sel = full
+
+    def overlap_on_columns(self, ratio: Tensor) -> Tensor:
+        """GBV's s(u)/Q_S(u) = sum_x min(ratio p(x|u), q_S(x|u)) per prefix [N], summed on the law's columns (q_S is
+        0 off the support, so those tokens add nothing); ratio: P(u)/Q_S(u), [N] or a scalar."""
+        q_cols = self.q_sel if self._q_cols is None else self._q_cols
+        return torch.minimum(torch.as_tensor(ratio).reshape(-1, 1) * self.p, q_cols).sum(-1)
 
     def residual_on_tokens(self, res: Tensor, p: Tensor) -> Tensor:
         """K-SEQ's residual of one prefix, res [V'] on the law's columns, on the V tokens: off the support q = 0, so
@@ -787,28 +795,60 @@ def _node_step_memo(p: bytes, q: bytes, ratio: float, pi: bytes, mode: str) -> N
     return _node_step(rows[0], rows[1], torch.tensor([ratio], dtype=torch.float64), rows[2], mode)
 
 
-def draft_support(q: Tensor) -> Tensor | None:
-    """The token ids [S] that some row of q [N, V] proposes (q > 0), increasing, where scoring on them pays: V >=
-    COMPACT_MIN_V and S + 1 <= COMPACT_MAX_SHARE * V; else None."""
+def support_columns(p: Tensor, q: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """One prefix's rows p, q [1, V] on the draft's support: (vocab [S], the token ids with q > 0 in increasing
+    order; p and q on their columns and one more column with the target's mass off the support and q = 0,
+    [1, S + 1] each) where that pays, V >= COMPACT_MIN_V and S + 1 <= COMPACT_MAX_SHARE * V; else None.  One pass
+    of C on CPU float64 rows (:func:`mdv.verify.native.support`: the mass off the support summed left to right in
+    long double), else torch."""
     V = q.shape[-1]
-    if V < COMPACT_MIN_V:
+    max_cols = int(COMPACT_MAX_SHARE * V) - 1
+    if V < COMPACT_MIN_V or max_cols < 1:
         return None
-    vocab = (q[0] if q.shape[0] == 1 else (q > 0).any(0)).nonzero().squeeze(-1)  # q >= 0: nonzero is q > 0
-    return vocab if 0 < vocab.numel() and vocab.numel() + 1 <= COMPACT_MAX_SHARE * V else None
+    lib = native_rows(p, q)
+    if lib is not None:
+        cols = native_support(lib, p, q, max_cols)
+    else:
+        vocab = q[0].nonzero().squeeze(-1)  # q >= 0: nonzero is q > 0
+        p_off = p[:, q[0] == 0].sum(-1, keepdim=True)  # [1, 1]: a sum of the target's entries there, no cancellation
+        cols = None if vocab.numel() > max_cols else (
+            vocab, torch.cat([p[:, vocab], p_off], -1), torch.cat([q[:, vocab], torch.zeros_like(p_off)], -1))
+    return cols if cols is not None and cols[0].numel() > 0 else None
 
 
-def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
-    """:func:`node_step`, on the draft's support where it is small (module docstring, *Cost*): the support's
-    columns and one column with the target's mass off it and q = 0.  Every rule treats a token with q = 0 in
-    every row alike, and such a token adds nothing to another's factors, so the columns give the same law."""
-    vocab = draft_support(q)
-    if vocab is None:
+class StackedLaws:
+    """:func:`node_step`'s laws of N prefixes stepped one at a time (where some are scored on their draft's support),
+    read as one batch: ``rule`` [N], ``q_sel`` [N, V] and :meth:`rows` -- what the target adjustment reads
+    (:mod:`mdv.verify.adjust`, :func:`advance_survivors`)."""
+
+    vocab = None  # the rows are on the tokens
+
+    def __init__(self, laws: list[NodeLaw]) -> None:
+        self.laws = laws
+        self.rule = torch.cat([law.rule for law in laws])
+        self.q_sel = torch.cat([law.q_sel for law in laws])
+
+    def rows(self, tok: Tensor) -> Tensor:
+        """tok [N] -> [N, K+1]: each prefix's :meth:`NodeLaw.rows` at its token."""
+        return torch.cat([law.rows(tok[n:n + 1]) for n, law in enumerate(self.laws)])
+
+
+def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw | StackedLaws:
+    """:func:`node_step`, on the draft's support where it is small (module docstring, *Cost*;
+    :func:`support_columns`).  Every rule treats a token with q = 0 alike, and such a token adds nothing to
+    another's factors, so the columns give the same law.  A prefix's law must not depend on its batch: where
+    some of N > 1 rows would be scored on their support, every row is stepped alone (:class:`StackedLaws`)."""
+    N, V = q.shape
+    if N > 1:
+        if V < COMPACT_MIN_V or bool(((q > 0).sum(-1) + 1 > COMPACT_MAX_SHARE * V).all()):
+            return _score_prefix(p, q, ratio, pi, mode)  # no row on its support: one batch
+        return StackedLaws([_node_step(p[n:n + 1], q[n:n + 1], ratio[n:n + 1], pi[n:n + 1], mode) for n in range(N)])
+    cols = support_columns(p, q)
+    if cols is None:
         return _score_prefix(p, q, ratio, pi, mode)
-    off = (q == 0).all(0)  # [V]: off the support in every row
-    p_off = (p * off).sum(-1, keepdim=True)  # [N, 1]: a sum of the target's entries there, no cancellation
-    law = _score_prefix(torch.cat([p[:, vocab], p_off], -1), torch.cat([q[:, vocab], torch.zeros_like(p_off)], -1),
-                        ratio, pi, mode)
-    law.on_vocabulary(vocab, q.shape[-1])
+    vocab, p_cols, q_cols = cols
+    law = _score_prefix(p_cols, q_cols, ratio, pi, mode)
+    law.on_vocabulary(vocab, V)
     return law
 
 
@@ -892,4 +932,4 @@ def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
 __all__ = ["RULES", "MODES", "CHOICE_ORDER", "FORCED_RULE", "CHOICE_TOL", "CEILING_SLACK", "FORCED_MASS", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "COMPACT_MAX_SHARE", "COMPACT_MIN_V", "NodeLaw", "KseqFactors", "SortedMasses", "first_kernel",
            "FillFactors", "lex_kernel", "lex_marginal", "lex_below", "lex_below_torch", "kseq_kernel", "kseq_factors", "kseq_marginal",
            "kseq_factors_torch", "fill_order", "fill_order_torch", "fill_marks", "fill_marks_torch", "fill_rule", "fill_law", "fill_ranked", "fill_factors", "fill_kernel", "fill_marginal", "fill_choice",
-           "reach_mass", "choice_ceiling", "overlap", "node_step", "draft_support", "root_survivors", "advance_survivors"]
+           "reach_mass", "choice_ceiling", "overlap", "node_step", "support_columns", "StackedLaws", "root_survivors", "advance_survivors"]

@@ -623,3 +623,30 @@ void sel_ceiling(long N, long V, int K, const double *target, const double *q, c
         ceiling[n] = (double)sum;
     }
 }
+
+/* The draft's support of one row (selection.support_columns, its reference: the tokens with q > 0 and one column
+ * for the rest): vocab gets the ids with q > 0 in increasing order, p_cols / q_cols their p and q and, after them,
+ * the target's mass off the support (summed left to right in long double) with q = 0.  Stops and returns -1 as
+ * soon as more than max_cols tokens have q > 0 (scoring on them would not pay); else returns S, the support's
+ * size.  p, q: [V]; vocab: [max_cols] (int64); p_cols, q_cols: [max_cols + 1]. */
+long sel_support(long V, const double *p, const double *q, long max_cols, int64_t *vocab, double *p_cols,
+                 double *q_cols)
+{
+    long S = 0;
+    long double off = 0.0L;
+    for (long x = 0; x < V; x++) {
+        if (q[x] > 0.0) {
+            if (S == max_cols)
+                return -1;
+            vocab[S] = x;
+            p_cols[S] = p[x];
+            q_cols[S] = q[x];
+            S++;
+        } else {
+            off += p[x];
+        }
+    }
+    p_cols[S] = (double)off;
+    q_cols[S] = 0.0;
+    return S;
+}
