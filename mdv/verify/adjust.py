@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mdv.verify._math import normalize_or, safe_ratio
-from mdv.verify.selection import NodeLaw, advance_survivors, node_step, root_survivors
+from mdv.verify.selection import NodeLaw, StackedLaws, advance_survivors, node_step, root_survivors
 
 
 def residual_chain_step(cond0: Tensor, q: Tensor, log_joint: Sequence[Tensor], log_q: Tensor) -> list[Tensor]:
@@ -106,7 +106,7 @@ class AdjustedTargetState:
 
 
 def window_draft_law(selection: str, cond: Tensor, q: Tensor, log_joint0: Tensor, log_q: Tensor,
-                     pi: Tensor | None) -> tuple[Tensor, NodeLaw | None]:
+                     pi: Tensor | None) -> tuple[Tensor, NodeLaw | StackedLaws | None]:
     """The draft law a window's residual subtracts at one position, and the selection walk's law there.
 
     cond: [N, V] the law below the window; q: [N, V] the draft rows; log_joint0, log_q: [N] log T_0(v),

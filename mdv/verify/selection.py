@@ -775,12 +775,13 @@ class NodeLaw:
         return self._rows_at(tok.view(-1, 1))[:, 0]
 
 
-def node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
+def node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw | StackedLaws:
     """One prefix of the walk.
 
     p, q: [N, V] rows at the prefix (p: the law the verifier checks against); ratio: [N] P(u)/Q_S(u);
-    pi: [N, K+1] survivor-count law at the prefix.  Returns the :class:`NodeLaw`: the rule used at each
-    prefix, q_S(x|u) = ``q_sel`` and pi_{u·x} = ``rows(x) / rows(x).sum()`` (:func:`advance_survivors`).
+    pi: [N, K+1] survivor-count law at the prefix.  Returns the :class:`NodeLaw` (a :class:`StackedLaws` of
+    them where N > 1 rows were stepped one at a time): the rule used at each prefix, q_S(x|u) = ``q_sel`` and
+    pi_{u·x} = ``rows(x) / rows(x).sum()`` (:func:`advance_survivors`).
     """
     if p.shape[0] == 1 and p.shape[-1] <= MEMO_MAX_V and p.device.type == "cpu":
         p64, q64, r64, pi64 = (x.to(torch.float64).contiguous() for x in (p, q, ratio, pi))
@@ -820,8 +821,6 @@ class StackedLaws:
     """:func:`node_step`'s laws of N prefixes stepped one at a time (where some are scored on their draft's support),
     read as one batch: ``rule`` [N], ``q_sel`` [N, V] and :meth:`rows` -- what the target adjustment reads
     (:mod:`mdv.verify.adjust`, :func:`advance_survivors`)."""
-
-    vocab = None  # the rows are on the tokens
 
     def __init__(self, laws: list[NodeLaw]) -> None:
         self.laws = laws
@@ -921,7 +920,7 @@ def root_survivors(K: int, like: Tensor) -> Tensor:
     return pi
 
 
-def advance_survivors(law: NodeLaw, tok: Tensor) -> tuple[Tensor, Tensor]:
+def advance_survivors(law: NodeLaw | StackedLaws, tok: Tensor) -> tuple[Tensor, Tensor]:
     """(q_S(tok|u) [N], pi_{u·tok} [N, K+1]) from :func:`node_step`'s law and tok [N]."""
     row = law.rows(tok)  # [N, K+1]
     total = row.sum(-1)
