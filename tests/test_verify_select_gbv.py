@@ -358,6 +358,83 @@ def test_node_law_equals_the_tabulated_kernels(V: int) -> None:
     assert worst < 1e-14, worst
 
 
+def test_the_choice_in_c_calls_per_rule_equals_the_stepwise_choice_bit_for_bit() -> None:
+    """A single prefix's choice (mode ``choose``, V > MEMO_MAX_V) runs one C call per rule (selection._choose_in_c); it
+    equals the stepwise path (selection._score_prefix_stepwise, each loop its own C call) bit for bit: the rule,
+    q_S, and every factor of every rule it computed, on flat and peaky rows (so the ceiling skips some rules and
+    every rule wins somewhere), with some survivor counts impossible and on draft supports."""
+    from mdv.verify.native import loops_library
+    from mdv.verify.selection import _choose_in_c, _score_prefix_stepwise, support_columns
+
+    lib = loops_library()
+    assert lib is not None  # the suite's machines build the C loops (gcc); without them this path never runs
+    rng = np.random.default_rng(5)
+    chosen, skipped = set(), 0
+    for trial in range(60):
+        V, K = (300 if trial % 6 == 5 else int(rng.choice([70, 300]))), int(rng.integers(2, 5))
+        scale = float(rng.choice([0.5, 2.0, 6.0]))
+        p, q = (torch.softmax(torch.tensor(rng.normal(size=(1, V)) * scale), -1) for _ in range(2))
+        if trial % 3 == 0:
+            p, q = _rows_with_ties_and_zeros(rng, 1, V)
+        if trial % 4 == 1:  # q agrees with p more often, as a trained pair's rows do
+            q = (0.7 * p + 0.3 * q) / (0.7 * p + 0.3 * q).sum(-1, keepdim=True)
+        if trial % 6 == 5:  # the columns of a draft proposing 40% of a 300-token vocabulary, as node_step scores them
+            q = q.clone()
+            q[0, rng.permutation(V)[: 3 * V // 5]] = 0.0
+            _, p, q = support_columns(p, q / q.sum(-1, keepdim=True))
+        pi = torch.tensor(rng.dirichlet(np.ones(K + 1), size=1))
+        pi[0, 0] = 0.0
+        if trial % 5 == 2 and K >= 3:
+            pi[0, int(rng.integers(2, K + 1))] = 0.0  # a count that cannot occur (another m >= 2 stays possible)
+        pi = pi / pi.sum(-1, keepdim=True)
+        ratio = torch.tensor([rng.uniform(0.3, 3.0)], dtype=torch.float64)
+        fused = _choose_in_c(lib, p, q, ratio, pi)
+        forced = pi[:, 2:].sum(-1) <= FORCED_MASS
+        assert not bool(forced.any())  # the prefixes the C call serves
+        stepwise = _score_prefix_stepwise(p, q, ratio, pi, CHOICE_ORDER, forced, True, True)
+        assert torch.equal(fused.rule, stepwise.rule), trial
+        assert torch.equal(fused.q_cols, stepwise.q_cols), trial
+        assert torch.equal(fused.order, stepwise.order) and torch.equal(fused.below, stepwise.below), trial
+        assert set(fused._factors) == set(stepwise._factors), trial
+        for key, f in fused._factors.items():
+            g = stepwise._factors[key]
+            for name in f.__dataclass_fields__:
+                a, b = getattr(f, name), getattr(g, name)
+                pairs = zip(a, b) if isinstance(a, list) else [(a, b)]
+                assert all(torch.equal(x, y) for x, y in pairs), (trial, key, name)
+        chosen.add(RULES[int(fused.rule[0])])
+        skipped += ("fill", 2) not in fused._factors
+    assert chosen == set(CHOICE_ORDER) and skipped > 0, (chosen, skipped)
+
+
+def test_scalar_kernel_rows_equal_the_tensor_kernel_rows_at_every_token() -> None:
+    """Above MEMO_MAX_V a prefix's kernel row at the followed token is read in Python floats (NodeLaw._row_at);
+    it equals the tensor kernels (NodeLaw._rows_at) at every token, for every rule (forced through the walk
+    modes) and survivor-count law, on the whole vocabulary and on the draft's support."""
+    rng = np.random.default_rng(11)
+    V, worst, checked = 200, 0.0, 0
+    for trial in range(6):
+        K = int(rng.integers(2, 5))
+        p, q = _rows_with_ties_and_zeros(rng, 1, V)
+        if trial % 2:  # a draft proposing a fifth of the vocabulary: the law lives on its support's columns
+            q[0, rng.permutation(V)[: 4 * V // 5]] = 0.0
+            q = q / q.sum(-1, keepdim=True)
+        pi = torch.tensor(rng.dirichlet(np.ones(K + 1), size=1))
+        pi[:, 0] = 0.0
+        pi = pi / pi.sum(-1, keepdim=True)
+        for mode in ("choose",) + RULES:
+            law = node_step(p, q, torch.tensor([rng.uniform(0.3, 3.0)]), pi, mode)
+            tokens = torch.arange(V)
+            cols = law.columns(tokens)
+            tensor_rows = law._rows_at(cols.view(1, -1))[0]  # [V, K+1]
+            scalar_rows = torch.tensor([law._row_at(0, int(c)) for c in cols], dtype=torch.float64)
+            assert (law.vocab is not None) == bool(trial % 2)
+            worst = max(worst, float((scalar_rows - tensor_rows).abs().max()))
+            assert torch.equal(law.rows(tokens[5:6]), scalar_rows[5:6])  # rows() takes the scalar path
+            checked += 1
+    assert checked == 30 and worst < 1e-15, worst
+
+
 @pytest.mark.parametrize("V", [40, 200])
 def test_rules_below_the_ceiling_are_skipped_without_changing_the_choice(V: int) -> None:
     """No token rule scores above the ceiling sum_x min(t, R) (R = reach_mass: some survivor drafted x), on

@@ -26,6 +26,8 @@ C (this module)            reference                                           b
 :func:`kseq_marginal_add`  ``acc + pi(m) * selection.kseq_marginal``           its sum's rounding (1e-15)
 :func:`overlap`            ``torch.minimum(target, marginal).sum(-1)``         its sum's rounding (1e-15)
 :func:`ceiling`            ``overlap(target, selection.reach_mass(q, pi))``     its sum's rounding (1e-15)
+:func:`support`            ``selection.support_columns`` in torch              p_zero: its sum's rounding
+:func:`node_rule`          ``selection._score_prefix_stepwise``                equal (these, in its order)
 =========================  ==================================================  ==========================
 
 Where the reference sums over V in torch (whose reductions are not sequential, and round one row alone
@@ -103,6 +105,9 @@ def loops_library() -> ctypes.CDLL | None:
     lib.sel_ceiling.restype = None
     lib.sel_support.argtypes = [_c_long, _ptr, _ptr, _c_long, _ptr, _ptr, _ptr]
     lib.sel_support.restype = _c_long
+    lib.sel_node_rule.argtypes = ([_c_int, _c_long, _c_int, _ptr, _ptr, _c_double, _ptr, _c_int, _c_double, _c_int,
+                                   _c_double] + [_ptr] * 13)
+    lib.sel_node_rule.restype = _c_double
     return lib
 
 
@@ -275,5 +280,36 @@ def support(lib: ctypes.CDLL, p: Tensor, q: Tensor, max_cols: int) -> tuple[Tens
     return vocab[:S], p_cols[:S + 1].unsqueeze(0), q_cols[:S + 1].unsqueeze(0)
 
 
+def _addresses(arrays: list[Tensor | None]) -> Tensor:
+    """The data pointers of the arrays (0 for None) as an int64 table that C reads as double pointers."""
+    return torch.tensor([0 if a is None else a.data_ptr() for a in arrays], dtype=torch.int64)
+
+
+def _ptr_of(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def node_rule(lib: ctypes.CDLL, rule: int, p: Tensor, q: Tensor, ratio: float, pi: Tensor, *, rho_iters: int,
+              tol: float, sweeps: int, eps: float, lines: Tensor, order: Tensor, below: Tensor, target: Tensor,
+              row: Tensor, work: Tensor, ceiling: Tensor | None = None, masses: list[Tensor] | None = None,
+              rho: Tensor | None = None, kseq: dict[int, list[Tensor]] | None = None, qs: Tensor | None = None,
+              ts: Tensor | None = None, fill: dict[int, list[Tensor]] | None = None) -> float:
+    """One token rule of select_gbv's choice at one prefix in one C call (``sel_node_rule``: the functions of this
+    module in :func:`mdv.verify.selection._score_prefix_stepwise`'s order, the same bits); returns its score.
+    rule 0 (lex) also writes order, below, target and ceiling; 1 (kseq) needs masses (6 scratch arrays), rho [K+1]
+    and kseq (count m >= 2 -> beta, mu, nu, o, res [V], r and the moments [1 + m]); 2 (fill) qs, ts and fill (count
+    -> 6 arrays [V]).  Every tensor a contiguous CPU float64 (order int64) array; p, q: [V]; pi: [K+1]; lines: [K+1];
+    work: [4 V]."""
+    K, V = pi.shape[0] - 1, q.shape[0]
+    tables = [None if d is None else _addresses([a for m in range(2, K + 1) for a in d.get(m, [None] * 6)])
+              for d in (kseq, fill)]
+    mass_table = None if masses is None else _addresses(masses)
+    return float(lib.sel_node_rule(rule, V, K, p.data_ptr(), q.data_ptr(), float(ratio), pi.data_ptr(), rho_iters, tol,
+                                   sweeps, eps, lines.data_ptr(), order.data_ptr(), below.data_ptr(), target.data_ptr(),
+                                   row.data_ptr(), _ptr_of(ceiling), _ptr_of(mass_table), _ptr_of(rho),
+                                   _ptr_of(tables[0]), _ptr_of(qs), _ptr_of(ts), _ptr_of(tables[1]), work.data_ptr()))
+
+
 __all__ = ["loops_library", "native_rows", "kseq_rho_active", "rank_order", "fill_marks", "lex_below", "sorted_masses", "kseq_rho",
-           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "overlap", "ceiling", "support"]
+           "lex_marginal_add", "kseq_factors", "kseq_marginal_add", "fill_law", "overlap", "ceiling", "support",
+           "node_rule"]

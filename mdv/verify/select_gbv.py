@@ -57,16 +57,17 @@ blocks).  The rows of a prefix are computed once and shared by the drafts throug
 prefix's columns, and the sampler forms GBV's extra-token law only at the exit it drew (:meth:`law` forms all
 L + 1).  Nothing grows with V^L or with draft tuples.  On CPU float64 rows
 all of it runs in C (:mod:`mdv.verify.native`): the loops (the sort, K-SEQ's prefix sums and rho*, ``fill``'s
-sweeps), each rule's factors and marginals added straight into its row, and the choice's scores.  At
-V = 49,152, K = 4, L = 8 this is ~0.55 target steps on the verifier benchmark's synthetic block (31-33 ms; 46-50 ms
-before GBV ran per prefix and only at the drawn exit;
+sweeps), each rule's factors and marginals added straight into its row, and the choice's scores, one C call per
+rule at a prefix.  At V = 49,152, K = 4, L = 8 this is ~0.4-0.5 target steps on the verifier benchmark's synthetic
+block (25-30 ms; 31-33 ms before the calls per rule; 46-50 ms before GBV ran per prefix and only at the drawn exit;
 back to back with the lexicographic rule on forced prefixes: 58-60 ms; with K-SEQ there and on ties: 74-76 ms;
 before the forced choice, the sweeps' stop and the cheaper cube root: 123-137 ms): its drafts rarely agree
 past depth 2, so from depth 3 on the rule is forced, and the sorts, ``fill`` and K-SEQ's factors at the first
 depths are the largest parts.  With peakier synthetic laws (``verifier.logit_scale=6`` / ``10``), whose drafts
 agree more often as a trained pair's do, it is 1.7-1.8 target steps; on real blocks of the default pair at T = 0.4
 (``verifier.blocks=real``), whose drafts share prefixes, every prefix of the selected draft is scored; there it
-is ~0.27-0.30 target steps on the draft's support (16-18 ms against 64-65 ms on the whole vocabulary, back to back;
+is ~0.2 target steps on the draft's support (11-15 ms; 16-18 ms before the calls per rule, against 64-65 ms on the
+whole vocabulary, back to back;
 1.6-1.7 steps before the choice skipped the rules that its ceiling rules out, :mod:`mdv.verify.selection`; README,
 *Performance*).
 """
@@ -104,8 +105,12 @@ class _Prefix:
     ratio: Tensor | None = None  # [1] P(u)/Q_S(u), as node_step saw it
     rule: str = "kseq"  # the token rule chosen at u (one of selection.RULES)
     law: NodeLaw | None = None  # node_step's law at u (N = 1)
-    q_sel: Tensor | None = None  # [V] q_S(.|u)
     fill_rank: dict[int, Tensor] | None = None  # m -> rank [V] of fill's order
+
+    @property
+    def q_sel(self) -> Tensor:
+        """[V] q_S(.|u) (formed on the tokens when first read: the walk reads the law's columns)."""
+        return self.law.q_sel[0]
 
 
 class _Walk:
@@ -165,7 +170,7 @@ class _Walk:
             node.ratio = safe_ratio(torch.tensor([log_p], dtype=torch.float64),
                                     torch.tensor([log_q], dtype=torch.float64))
             node.law = node_step(p_row[None], q_row[None], node.ratio, pi[None], self.mode)
-            node.rule, node.q_sel = RULES[int(node.law.rule[0])], node.law.q_sel[0]
+            node.rule = RULES[int(node.law.rule[0])]
         return node
 
     # ------------------------------------------------------------------ the selection

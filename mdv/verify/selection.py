@@ -97,7 +97,11 @@ default pair's draft proposes 8,192 of 49,152 tokens.  One sort of V serves the 
 float64 rows all of this runs in C (:mod:`mdv.verify.native`; torch and numpy are the references and the path
 on GPUs or without a C compiler): the loops (the sort, the prefix sums, rho*'s bisection, lex's c and fill's
 sweeps), per rule and count the factors and ``pi(m)`` times the marginal, added straight into the rule's row
-(:meth:`NodeLaw.marginal`), and the choice's scores (:func:`overlap`).  The full kernels (:func:`lex_kernel`,
+(:meth:`NodeLaw.marginal`), and the choice's scores (:func:`overlap`).  A single prefix's choice above MEMO_MAX_V
+(the sampler's and the law's prefixes, where some count m >= 2 is possible) makes one C call per rule that runs those
+functions in the same order (:func:`_choose_in_c`; :func:`_score_prefix_stepwise`, one call per loop with tensor
+operations between them, is its reference, bit for bit, and the path of batches, of the toys and of GPUs), and the
+kernel row at the followed token is read in Python floats (:meth:`NodeLaw._row_at`).  The full kernels (:func:`lex_kernel`,
 :func:`kseq_kernel`, :func:`fill_kernel`, O(K^3 V) for K-SEQ) are the definitions the tests hold the fast law to.
 """
 from __future__ import annotations
@@ -122,6 +126,7 @@ from mdv.verify.native import kseq_rho as native_kseq_rho
 from mdv.verify.native import lex_below as native_lex_below
 from mdv.verify.native import lex_marginal_add as native_lex_marginal_add
 from mdv.verify.native import native_rows, rank_order
+from mdv.verify.native import node_rule as native_node_rule
 from mdv.verify.native import overlap as native_overlap
 from mdv.verify.native import sorted_masses as native_sorted_masses
 from mdv.verify.native import support as native_support
@@ -162,6 +167,14 @@ FILL_EPS = 1e-6
 def _powers(x: Tensor, n: int) -> list[Tensor]:
     """[x^0, x^1, ..., x^n] by repeated products (x^0 = 1 also where x = 0)."""
     out = [torch.ones_like(x)]
+    for _ in range(n):
+        out.append(out[-1] * x)
+    return out
+
+
+def _scalar_powers(x: float, n: int) -> list[float]:
+    """[x^0, ..., x^n] in Python floats by repeated products (:func:`_powers` of one entry)."""
+    out = [1.0]
     for _ in range(n):
         out.append(out[-1] * x)
     return out
@@ -627,29 +640,42 @@ class NodeLaw:
         self.p, self.q, self.ratio, self.pi = p, q, ratio, pi  # [N, V], [N, V], [N], [N, K+1]
         self.K = pi.shape[-1] - 1
         self.order, self.below = order, below  # fill's rank order, lex's c (when some count m >= 2)
-        self.counts = [m for m in range(1, self.K + 1) if bool((pi[:, m] > 0).any())]
+        self.counts = [m for m, used in enumerate((pi > 0).any(0).tolist()) if m >= 1 and used]  # one read of pi
         self.rule = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
-        self.q_sel = q
+        self.q_cols = q  # [N, V'] q_S(.|u) on the law's columns (the tokens, or the support and one column off it)
         self._factors: dict[tuple[str, int], Any] = {}
         self._table: Tensor | None = None
         self._masses: SortedMasses | None = None
         self._ranked: tuple[Tensor, Tensor] | None = None  # fill_ranked
         self.vocab: Tensor | None = None  # [S]: the support's token ids, when scored on it (None: columns = tokens)
-        self._q_cols: Tensor | None = None  # [N, S+1]: q_S on the columns, when scored on the support
+        self._V = q.shape[-1]
+        self._q_full: Tensor | None = None  # q_sel on the V tokens, formed on first read
 
     def on_vocabulary(self, vocab: Tensor, V: int) -> None:
-        """Scored on the columns of the support ``vocab`` [S] (+ the column off it): ``q_sel`` back on the V tokens."""
-        S = vocab.numel()
-        self.vocab, self._q_cols = vocab, self.q_sel
-        full = self.q_sel.new_zeros(self.q_sel.shape[0], V)
-        full[:, vocab] = self.q_sel[:, :S]  # the last column's q_S is 0: its q is
-        self.q_sel = full
+        """Scored on the columns of the support ``vocab`` [S] (+ the column off it) of a vocabulary of V tokens:
+        :attr:`q_sel` is then written back to the tokens when it is first read (the sampler reads it at one prefix
+        of L, :meth:`q_at` and :meth:`overlap_on_columns` read the columns)."""
+        self.vocab, self._V, self._q_full = vocab, V, None
+
+    @property
+    def q_sel(self) -> Tensor:
+        """q_S(.|u) on the V tokens [N, V] (0 off the draft's support where the law was scored on it)."""
+        if self.vocab is None:
+            return self.q_cols
+        if self._q_full is None:
+            full = self.q_cols.new_zeros(self.q_cols.shape[0], self._V)
+            full[:, self.vocab] = self.q_cols[:, :self.vocab.numel()]  # the last column's q_S is 0: its q is
+            self._q_full = full
+        return self._q_full
+
+    def q_at(self, tok: Tensor) -> Tensor:
+        """q_S(tok|u) [N] at the token ids tok [N], read on the law's columns."""
+        return self.q_cols.gather(-1, self.columns(tok).view(-1, 1)).squeeze(-1)
 
     def overlap_on_columns(self, ratio: Tensor) -> Tensor:
         """GBV's s(u)/Q_S(u) = sum_x min(ratio p(x|u), q_S(x|u)) per prefix [N], summed on the law's columns (q_S is
         0 off the support, so those tokens add nothing); ratio: P(u)/Q_S(u), [N] or a scalar."""
-        q_cols = self.q_sel if self._q_cols is None else self._q_cols
-        return torch.minimum(torch.as_tensor(ratio).reshape(-1, 1) * self.p, q_cols).sum(-1)
+        return torch.minimum(torch.as_tensor(ratio).reshape(-1, 1) * self.p, self.q_cols).sum(-1)
 
     def residual_on_tokens(self, res: Tensor, p: Tensor) -> Tensor:
         """K-SEQ's residual of one prefix, res [V'] on the law's columns, on the V tokens: off the support q = 0, so
@@ -763,16 +789,74 @@ class NodeLaw:
             out = torch.where((self.rule == r)[:, None, None], acc, out)
         return out
 
+    def _row_at(self, n: int, col: int) -> list[float]:
+        """``sum_m pi(m) T_m(x, .)`` of prefix n's rule at one column, in Python floats: the kernels of
+        :meth:`_rows_at` (module docstring) read at that column only, powers by repeated products.  The walk
+        follows one token per prefix, and at large V a dozen scalar reads and ~100 products cost ~10x less
+        than :meth:`_rows_at`'s small tensors (tests/test_verify_select_gbv.py holds the two to 1e-15)."""
+        K, rule = self.K, RULES[int(self.rule[n])]
+        out = [0.0] * (K + 1)
+        q = float(self.q[n, col])
+        for m in self.counts:
+            weight = float(self.pi[n, m])
+            if weight == 0.0:
+                continue
+            if m == 1:
+                out[1] += weight * q
+                continue
+            terms = [0.0] * (K + 1)
+            if rule == "first":
+                q_pow, notq_pow = _scalar_powers(q, m), _scalar_powers(1.0 - q, m)
+                for j in range(1, m + 1):
+                    terms[j] = math.comb(m - 1, j - 1) * q_pow[j] * notq_pow[m - j]
+            elif rule == "lex":
+                q_pow, c_pow = _scalar_powers(q, m), _scalar_powers(float(self.lex_c()[n, col]), m)
+                for j in range(1, m + 1):
+                    terms[j] = math.comb(m, j) * q_pow[j] * c_pow[m - j]
+            elif rule == "fill":
+                f = self.fill(m)
+                pos = int((f.order[n] == col).nonzero()[0, 0])  # the column's place in the rank order
+                qs, ths, others, unmarked, below = (float(t[n, pos]) for t in (f.qs, f.ths, f.others, f.unmarked,
+                                                                               f.below))
+                q_pow, keep_pow, o_pow = (_scalar_powers(x, m) for x in (qs, 1.0 - ths, others))
+                u_pow, b_pow = _scalar_powers(unmarked, m), _scalar_powers(below, m)
+                for j in range(1, m + 1):
+                    terms[j] = math.comb(m, j) * (q_pow[j] * (1.0 - keep_pow[j]) * o_pow[m - j]
+                                                  + u_pow[j] * b_pow[m - j])
+            else:
+                f = self.kseq(m)
+                mu, nu, o, res = (float(t[n, col]) for t in (f.mu, f.nu, f.o, f.res))
+                moments = [float(t[n, 0]) for t in f.moments]
+                nu_pow, o_pow, q_pow, notq_pow = (_scalar_powers(x, m) for x in (nu, o, q, 1.0 - q))
+                for j in range(1, m + 1):
+                    first = 0.0
+                    for i in range(1, m + 1):
+                        for b in range(0, min(i - 1, j - 1) + 1):
+                            a = j - 1 - b
+                            if a <= m - i:
+                                first += math.comb(i - 1, b) * math.comb(m - i, a) * (
+                                    nu_pow[b] * o_pow[i - 1 - b] * q_pow[a] * notq_pow[m - i - a])
+                    others = 0.0
+                    for t in range(m - j + 1):
+                        others += math.comb(m - j, t) * (-1.0) ** t * o_pow[m - j - t] * (moments[t] - res * nu_pow[t])
+                    terms[j] = (first * mu + math.comb(m, j) * nu_pow[j] * o_pow[m - j] * res
+                                + math.comb(m - 1, j - 1) * nu_pow[j] * max(others, 0.0))
+            for j in range(1, m + 1):
+                out[j] += weight * terms[j]
+        return out
+
     def rows(self, tok: Tensor) -> Tensor:
         """tok [N] (token ids) -> [N, K+1]: ``sum_m pi(m) T_m(tok, .)``; at V <= MEMO_MAX_V columns from a table
-        of every column."""
+        of every column (:meth:`_rows_at`), above it one prefix at a time in Python floats (:meth:`_row_at`), so a
+        prefix's row is the same alone or in a batch."""
         tok = self.columns(tok)
         V = self.q.shape[-1]
         if V <= MEMO_MAX_V:
             if self._table is None:
                 self._table = self._rows_at(torch.arange(V, device=self.q.device).expand(self.q.shape))
             return self._table.gather(1, tok.view(-1, 1, 1).expand(-1, 1, self.K + 1)).squeeze(1)
-        return self._rows_at(tok.view(-1, 1))[:, 0]
+        return torch.tensor([self._row_at(n, c) for n, c in enumerate(tok.tolist())], dtype=self.q.dtype,
+                            device=self.q.device)
 
 
 def node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw | StackedLaws:
@@ -825,7 +909,15 @@ class StackedLaws:
     def __init__(self, laws: list[NodeLaw]) -> None:
         self.laws = laws
         self.rule = torch.cat([law.rule for law in laws])
-        self.q_sel = torch.cat([law.q_sel for law in laws])
+
+    @property
+    def q_sel(self) -> Tensor:
+        """[N, V]: each prefix's :attr:`NodeLaw.q_sel`."""
+        return torch.cat([law.q_sel for law in self.laws])
+
+    def q_at(self, tok: Tensor) -> Tensor:
+        """tok [N] -> [N]: each prefix's :meth:`NodeLaw.q_at` at its token."""
+        return torch.cat([law.q_at(tok[n:n + 1]) for n, law in enumerate(self.laws)])
 
     def rows(self, tok: Tensor) -> Tensor:
         """tok [N] -> [N, K+1]: each prefix's :meth:`NodeLaw.rows` at its token."""
@@ -857,14 +949,26 @@ def _score_prefix(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) ->
     if mode == "choose" and bool(forced.all()):
         # the drafts through u rarely agree on its next token (at the benchmark's depths >= 3 pi(m >= 2) < 1e-10)
         rules = (FORCED_RULE,)
-    several = any(bool((pi[:, m] > 0).any()) for m in range(2, pi.shape[-1]))  # some count m >= 2
+    several = any((pi[:, 2:] > 0).any(0).tolist())  # some count m >= 2
     large = q.shape[-1] > MEMO_MAX_V
+    if len(rules) > 1 and several and large and p.shape[0] == 1 and ratio.dtype == torch.float64:
+        lib = native_rows(p, q)
+        if lib is not None:
+            return _choose_in_c(lib, p, q, ratio, pi)
+    return _score_prefix_stepwise(p, q, ratio, pi, rules, forced, several, large)
+
+
+def _score_prefix_stepwise(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, rules: tuple[str, ...], forced: Tensor,
+                           several: bool, large: bool) -> NodeLaw:
+    """:func:`_score_prefix` one rule and count at a time (each loop in C on CPU float64 rows, with tensor
+    operations between them): the path of batches, of the toys' small V and of GPUs, and the reference of
+    :func:`_choose_in_c`.  rules: those the mode scores; forced [N], several, large: as :func:`_score_prefix`."""
     order = fill_order(p, q) if several and ("fill" in rules or ("lex" in rules and large)) else None
     below = lex_below(p, q, order) if several and "lex" in rules and large else None  # one sort for both
     law = NodeLaw(p, q, ratio, pi, order, below)
     if len(rules) == 1:
         law.rule = torch.full_like(ratio, RULES.index(rules[0]), dtype=torch.long)
-        law.q_sel = law.marginal(rules[0])
+        law.q_cols = law.marginal(rules[0])
         return law
     target = ratio.unsqueeze(-1) * p  # [N, V]
     best, q_sel = torch.full_like(ratio, RULES.index(rules[0]), dtype=torch.long), law.marginal(rules[0])
@@ -879,10 +983,67 @@ def _score_prefix(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) ->
         best = torch.where(better, torch.full_like(best, RULES.index(rule)), best)
         best_score = torch.where(better, score, best_score)
         q_sel = torch.where(better[:, None], marginal, q_sel)
-    if mode == "choose" and bool(forced.any()):  # forced rows batched with scored ones
+    if bool(forced.any()):  # forced rows batched with scored ones (mode "choose": the only one that scores)
         best = torch.where(forced, torch.full_like(best, RULES.index(FORCED_RULE)), best)
         q_sel = torch.where(forced[:, None], law.marginal(FORCED_RULE), q_sel)
-    law.rule, law.q_sel = best, q_sel
+    law.rule, law.q_cols = best, q_sel
+    return law
+
+
+def _choose_in_c(lib: Any, p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor) -> NodeLaw:
+    """:func:`_score_prefix`'s choice at one prefix (mode ``choose``, some count m >= 2, not forced, V > MEMO_MAX_V)
+    with one C call per rule (:func:`mdv.verify.native.node_rule`: the same C functions in the same order, so the
+    same rule, q_S and factors bit for bit, without ~40 small tensor operations between them).  The choice (CHOICE_ORDER,
+    the ceiling's skip, CHOICE_TOL) is :func:`_score_prefix_stepwise`'s, on the same float64 scores.  The NodeLaw gets
+    the order, lex's c and the factors of every rule computed.  p, q: [1, V]; ratio: [1]; pi: [1, K+1]."""
+    K, V = pi.shape[-1] - 1, q.shape[-1]
+    pi_row = pi.reshape(-1).to(torch.float64).contiguous()
+    counts = [m for m, w in enumerate(pi_row.tolist()) if m >= 2 and w > 0.0]
+    p_row, q_row = p.reshape(-1).contiguous(), q.reshape(-1).contiguous()  # the C loops read whole rows
+
+    def new() -> Tensor:  # each array its own allocation, as the stepwise path's (the allocator reuses them)
+        return torch.empty(V, dtype=torch.float64)
+
+    order = torch.empty(V, dtype=torch.int64)
+    below, target, work = new(), new(), torch.empty(4 * V, dtype=torch.float64)
+    ceiling = torch.empty(1, dtype=torch.float64)
+    common = dict(rho_iters=RHO_ITERS, tol=TOL, sweeps=FILL_SWEEPS, eps=FILL_EPS,
+                  lines=torch.tensor([0.0, 0.0] + [_fill_line(m) for m in range(2, K + 1)], dtype=torch.float64),
+                  order=order, below=below, target=target, work=work)
+    rows = [new()]
+    best, best_score = 0, native_node_rule(lib, 0, p_row, q_row, float(ratio[0]), pi_row, row=rows[0], ceiling=ceiling,
+                                           **common)
+    law = NodeLaw(p, q, ratio, pi, order.view(1, V), below.view(1, V))
+    ceiling_value = float(ceiling[0])
+    for r in (1, 2):
+        if not ceiling_value > best_score + (CHOICE_TOL - CEILING_SLACK):
+            break  # no later rule can replace the best: the same choice without their laws
+        rows.append(new())
+        if r == 1:
+            rho = torch.zeros(K + 1, dtype=torch.float64)
+            kseq = {m: [new() for _ in range(5)] + [torch.empty(1 + m, dtype=torch.float64)] for m in counts}
+            masses = [new()] + [torch.empty(V + 1, dtype=torch.float64) for _ in range(4)] + [
+                torch.empty(1, dtype=torch.float64)]
+            score = native_node_rule(lib, 1, p_row, q_row, float(ratio[0]), pi_row, row=rows[r], masses=masses,
+                                     rho=rho, kseq=kseq, **common)
+            for m, (beta, mu, nu, o, res, r_moments) in kseq.items():
+                law._factors["kseq", m] = KseqFactors(
+                    rho[m:m + 1], *(x.view(1, V) for x in (beta, mu, nu, o, res)), r_moments[:1].view(1, 1),
+                    [r_moments[1 + t:2 + t].view(1, 1) for t in range(m)])
+        else:
+            qs, ts = new(), new()
+            fill = {m: [new() for _ in range(6)] for m in counts}
+            score = native_node_rule(lib, 2, p_row, q_row, float(ratio[0]), pi_row, row=rows[r], qs=qs, ts=ts,
+                                     fill=fill, **common)
+            law._ranked = (qs.view(1, V), ts.view(1, V))
+            for m, fields in fill.items():
+                theta, ths, marked, unmarked, others, below_m = (x.view(1, V) for x in fields)
+                law._factors["fill", m] = FillFactors(theta, law.order, law._ranked[0], ths, marked, unmarked, others,
+                                                      below_m)
+        if score > best_score + CHOICE_TOL:
+            best, best_score = r, score
+    law.rule = torch.tensor([RULES.index(CHOICE_ORDER[best])], dtype=torch.long)
+    law.q_cols = rows[best].view(1, V)
     return law
 
 
@@ -925,7 +1086,7 @@ def advance_survivors(law: NodeLaw | StackedLaws, tok: Tensor) -> tuple[Tensor, 
     row = law.rows(tok)  # [N, K+1]
     total = row.sum(-1)
     pi = row / torch.where(total > 0, total, torch.ones_like(total)).unsqueeze(-1)
-    return law.q_sel.gather(-1, tok.view(-1, 1)).squeeze(-1), pi
+    return law.q_at(tok), pi
 
 
 __all__ = ["RULES", "MODES", "CHOICE_ORDER", "FORCED_RULE", "CHOICE_TOL", "CEILING_SLACK", "FORCED_MASS", "FILL_SWEEPS", "FILL_EPS", "MEMO_MAX_V", "COMPACT_MAX_SHARE", "COMPACT_MIN_V", "NodeLaw", "KseqFactors", "SortedMasses", "first_kernel",

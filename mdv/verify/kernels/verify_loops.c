@@ -650,3 +650,70 @@ long sel_support(long V, const double *p, const double *q, long max_cols, int64_
     q_cols[S] = 0.0;
     return S;
 }
+
+/* ------------------------------------------------------------------------------ one prefix's choice, rule by rule
+ * One token rule of select_gbv's choice at one prefix (selection._score_prefix_stepwise for one row in mode "choose",
+ * where some count m >= 2 is possible and the prefix is not forced): the functions above in the reference's order on
+ * the same inputs, so the same bits, in one call per rule instead of one per loop.  The caller keeps the choice (which
+ * rule next, which wins) and allocates only the rules it computes.  rule 0 (lex, first): fill's rank order, lex's c
+ * off it, the targets ratio p, lex's row and the ceiling; rule 1 (kseq): its prefix sums, then per count rho*, the
+ * factors and the marginal; rule 2 (fill): q and the targets in rank order, then per count the law.  A rule's row is
+ * sum_m pi(m) marginal_m, the count m = 1 (pi(1) q) added first, as the reference's acc.add_.  Returns the rule's
+ * score sum_x min(target, row).  p, q: [V]; pi: [K+1]; lines: [K+1] fill's root line per count (FILL_EPS^(1/m - 1));
+ * order, below, target: [V] (out for rule 0, in after); row: [V] out; ceiling: [1] out (rule 0); rule 1: masses,
+ * the addresses (int64) of ratio [V], p_below, p_above, q_below, q_above [V + 1], p_zero [1] (work), rho [K + 1] out,
+ * kseq the addresses of 6 arrays per count m >= 2 from 6 (m - 2): beta, mu, nu, o, res [V], then r and the moments
+ * [1 + m] (0 for an impossible count); rule 2: qs, ts [V] out, fill the addresses of 6 [V] arrays per count (theta
+ * in token space; ths, marked, unmarked, others, below in rank order); work: [4 V] doubles.  Arguments a rule does
+ * not use may be NULL. */
+double sel_node_rule(int rule, long V, int K, const double *p, const double *q, double ratio, const double *pi,
+                     int rho_iters, double tol, int sweeps, double eps, const double *lines, int64_t *order,
+                     double *below, double *target, double *row, double *ceiling, const int64_t *masses, double *rho,
+                     const int64_t *kseq, double *qs, double *ts, const int64_t *fill, double *work)
+{
+#define FIELD(table, i) ((double *)(intptr_t)(table)[i])
+    if (rule == 0) {
+        sel_rank_order(1, V, p, q, order, (uint64_t *)work, (uint64_t *)(work + V), (int64_t *)(work + 2 * V));
+        sel_lex_below(1, V, p, q, order, below);
+        for (long x = 0; x < V; x++)
+            target[x] = ratio * p[x];
+    } else if (rule == 1) {
+        sel_sorted_masses(1, V, p, q, order, FIELD(masses, 0), FIELD(masses, 1), FIELD(masses, 2), FIELD(masses, 3),
+                          FIELD(masses, 4), FIELD(masses, 5));
+    } else {
+        for (long i = 0; i < V; i++) {
+            qs[i] = q[order[i]];
+            ts[i] = target[order[i]];
+        }
+    }
+    for (long x = 0; x < V; x++)
+        row[x] = 0.0;
+    for (int m = 1; m <= K; m++) {
+        double w = pi[m];
+        if (!(w > 0.0))
+            continue;
+        if (m == 1) {
+            for (long x = 0; x < V; x++)
+                row[x] = row[x] + w * q[x];
+        } else if (rule == 0) {
+            sel_lex_marginal(1, V, m, q, below, &w, row);
+        } else if (rule == 1) {
+            const int64_t *f = kseq + 6 * (m - 2);
+            sel_kseq_rho(1, V, m, rho_iters, FIELD(masses, 0), FIELD(masses, 1), FIELD(masses, 2), FIELD(masses, 3),
+                         FIELD(masses, 4), FIELD(masses, 5), rho + m);
+            sel_kseq_factors(1, V, m, tol, p, q, rho + m, FIELD(f, 0), FIELD(f, 1), FIELD(f, 2), FIELD(f, 3),
+                             FIELD(f, 4), FIELD(f, 5), FIELD(f, 5) + 1);
+            sel_kseq_marginal(1, V, m, FIELD(f, 1), FIELD(f, 2), FIELD(f, 3), FIELD(f, 4), FIELD(f, 5), &w, row);
+        } else {
+            const int64_t *f = fill + 6 * (m - 2);
+            sel_fill_law(1, V, m, sweeps, eps, lines[m], qs, ts, order, FIELD(f, 0), FIELD(f, 1), FIELD(f, 2),
+                         FIELD(f, 3), FIELD(f, 4), FIELD(f, 5), &w, row, work);
+        }
+    }
+    double score;
+    sel_overlap(1, V, target, row, &score);
+    if (rule == 0)
+        sel_ceiling(1, V, K, target, q, pi, ceiling);
+    return score;
+#undef FIELD
+}
