@@ -951,7 +951,7 @@ def _score_prefix(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) ->
         rules = (FORCED_RULE,)
     several = any((pi[:, 2:] > 0).any(0).tolist())  # some count m >= 2
     large = q.shape[-1] > MEMO_MAX_V
-    if len(rules) > 1 and several and large and p.shape[0] == 1 and ratio.dtype == torch.float64:
+    if rules == _C_RULES and several and large and p.shape[0] == 1 and ratio.dtype == torch.float64:
         lib = native_rows(p, q)
         if lib is not None:
             return _choose_in_c(lib, p, q, ratio, pi)
@@ -988,6 +988,11 @@ def _score_prefix_stepwise(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, rule
         q_sel = torch.where(forced[:, None], law.marginal(FORCED_RULE), q_sel)
     law.rule, law.q_cols = best, q_sel
     return law
+
+
+#: The rules of :func:`mdv.verify.native.node_rule` by their codes 0, 1, 2 (CHOICE_ORDER: lex first, as it must be, since
+#: its call also forms the order, lex's c and the targets the others read).
+_C_RULES = ("lex", "kseq", "fill")
 
 
 def _choose_in_c(lib: Any, p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor) -> NodeLaw:
@@ -1042,7 +1047,7 @@ def _choose_in_c(lib: Any, p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor) -> N
                                                       below_m)
         if score > best_score + CHOICE_TOL:
             best, best_score = r, score
-    law.rule = torch.tensor([RULES.index(CHOICE_ORDER[best])], dtype=torch.long)
+    law.rule = torch.tensor([RULES.index(_C_RULES[best])], dtype=torch.long)
     law.q_cols = rows[best].view(1, V)
     return law
 
