@@ -943,26 +943,33 @@ def _node_step(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> No
     return law
 
 
-def _score_prefix(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
+def _scoring_plan(pi: Tensor, mode: str) -> tuple[tuple[str, ...], Tensor, bool]:
+    """(the rules a prefix's mode scores, forced [N], several): forced rows put at most FORCED_MASS on m >= 2
+    survivors (per row, so a row's rule does not depend on its batch); several: some row has a count m >= 2."""
     rules = CHOICE_ORDER if mode == "choose" else (mode,)
-    forced = pi[:, 2:].sum(-1) <= FORCED_MASS  # [N]: per row, so a row's rule does not depend on its batch
+    forced = pi[:, 2:].sum(-1) <= FORCED_MASS  # [N]
     if mode == "choose" and bool(forced.all()):
         # the drafts through u rarely agree on its next token (at the benchmark's depths >= 3 pi(m >= 2) < 1e-10)
         rules = (FORCED_RULE,)
-    several = any((pi[:, 2:] > 0).any(0).tolist())  # some count m >= 2
-    large = q.shape[-1] > MEMO_MAX_V
-    if rules == _C_RULES and several and large and p.shape[0] == 1 and ratio.dtype == torch.float64:
+    return rules, forced, any((pi[:, 2:] > 0).any(0).tolist())
+
+
+def _score_prefix(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
+    rules, _, several = _scoring_plan(pi, mode)
+    if (rules == _C_RULES and several and q.shape[-1] > MEMO_MAX_V and p.shape[0] == 1
+            and ratio.dtype == torch.float64):
         lib = native_rows(p, q)
         if lib is not None:
             return _choose_in_c(lib, p, q, ratio, pi)
-    return _score_prefix_stepwise(p, q, ratio, pi, rules, forced, several, large)
+    return _score_prefix_stepwise(p, q, ratio, pi, mode)
 
 
-def _score_prefix_stepwise(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, rules: tuple[str, ...], forced: Tensor,
-                           several: bool, large: bool) -> NodeLaw:
+def _score_prefix_stepwise(p: Tensor, q: Tensor, ratio: Tensor, pi: Tensor, mode: str) -> NodeLaw:
     """:func:`_score_prefix` one rule and count at a time (each loop in C on CPU float64 rows, with tensor
     operations between them): the path of batches, of the toys' small V and of GPUs, and the reference of
-    :func:`_choose_in_c`.  rules: those the mode scores; forced [N], several, large: as :func:`_score_prefix`."""
+    :func:`_choose_in_c`."""
+    rules, forced, several = _scoring_plan(pi, mode)
+    large = q.shape[-1] > MEMO_MAX_V
     order = fill_order(p, q) if several and ("fill" in rules or ("lex" in rules and large)) else None
     below = lex_below(p, q, order) if several and "lex" in rules and large else None  # one sort for both
     law = NodeLaw(p, q, ratio, pi, order, below)
